@@ -1,0 +1,157 @@
+"""What the eBPF probes share: prerequisites, program text, clocks, and reading a rank's /proc.
+
+bcc is imported lazily (``load_bcc``): a monitor without it still runs every other probe.
+Everything that can fail because a process vanished substitutes a value instead of raising.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DEBUGFS_EVENTS = Path("/sys/kernel/debug/tracing/events")
+UPROBE_PMU = Path("/sys/bus/event_source/devices/uprobe/type")
+SETUP_HINT = "run `sudo make ebpf` (scripts/setup-ebpf.sh), then `scout-sys doctor`"
+
+CAP_SYS_ADMIN = 21
+CAP_PERFMON = 38
+CAP_BPF = 39
+
+
+def effective_caps(pid: int | str = "self") -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
+
+
+def privilege_reason() -> str | None:
+    """None when this process may load BPF programs and open perf events."""
+    caps = effective_caps()
+    if caps & (1 << CAP_SYS_ADMIN) or (caps & (1 << CAP_BPF) and caps & (1 << CAP_PERFMON)):
+        return None
+    return 'needs root or CAP_BPF+CAP_PERFMON: sudo env "PATH=$PATH" scout-sys ...'
+
+
+def headers_reason() -> str | None:
+    build = Path("/lib/modules") / os.uname().release / "build"
+    if (build / "include").is_dir():
+        return None
+    return f"no kernel headers at {build} (bcc compiles against them); {SETUP_HINT}"
+
+
+def debugfs_reason() -> str | None:
+    if DEBUGFS_EVENTS.is_dir():
+        return None
+    return f"debugfs/tracefs not mounted at /sys/kernel/debug; {SETUP_HINT}"
+
+
+_BCC: ModuleType | None = None
+_BCC_ERROR: str | None = None
+
+
+def load_bcc() -> tuple[ModuleType | None, str | None]:
+    """The distro ``bcc`` module, or why it cannot be imported. Imported once."""
+    global _BCC, _BCC_ERROR
+    if _BCC is None and _BCC_ERROR is None:
+        try:
+            import bcc  # type: ignore[import-not-found]
+
+            if not hasattr(bcc, "BPF"):
+                _BCC_ERROR = f"the `bcc` module at {bcc.__file__} is not BCC (pip uninstall bcc); {SETUP_HINT}"
+            else:
+                _BCC = bcc
+        except Exception as e:  # ImportError, or libbcc.so missing (OSError)
+            _BCC_ERROR = f"bcc not importable ({type(e).__name__}: {e}); {SETUP_HINT}"
+    return _BCC, _BCC_ERROR
+
+
+def common_reason() -> str | None:
+    """Why no eBPF probe can run here, or None."""
+    for check in (privilege_reason, headers_reason, debugfs_reason):
+        reason = check()
+        if reason:
+            return reason
+    return load_bcc()[1]
+
+
+def render(template: str, subs: Mapping[str, Any]) -> str:
+    """Read ``template`` beside this file and replace each whole-word token of ``subs``."""
+    text = (HERE / template).read_text()
+    for token, value in subs.items():
+        text = re.sub(rf"\b{re.escape(token)}\b", str(value), text)
+    return text
+
+
+class Clock:
+    """Converts bpf_ktime_get_ns() (CLOCK_MONOTONIC) to unix time."""
+
+    def __init__(self) -> None:
+        self.offset = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+
+    def unix(self, ns: int) -> float | None:
+        return ns / 1e9 + self.offset if ns else None
+
+
+def host_pid(pid: int) -> int:
+    """The pid as the kernel (and BPF's bpf_get_current_pid_tgid) sees it, from NSpid.
+
+    /proc shows the pids of the namespace it was mounted for: the first NSpid entry. The monitor is
+    expected to run in the host pid namespace (``--pid=host`` in a container), where they agree.
+    """
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return pid
+
+
+@dataclass(frozen=True)
+class MappedLib:
+    path: str  # as the process sees it (inside its mount namespace)
+    open_path: str  # how this process can open it: through /proc/PID/root
+    dev_ino: tuple[int, int]
+
+
+def mapped_libs(pid: int, patterns: Iterable[str]) -> list[MappedLib]:
+    """Executable-mapped files of ``pid`` whose basename matches one of ``patterns`` (regexes)."""
+    regs = [re.compile(p) for p in patterns]
+    out: dict[tuple[int, int], MappedLib] = {}
+    try:
+        lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/") or parts[5].endswith("(deleted)"):
+            continue
+        path = parts[5]
+        if not any(r.search(os.path.basename(path)) for r in regs):
+            continue
+        open_path = f"/proc/{pid}/root{path}"
+        try:
+            st = os.stat(open_path)
+        except OSError:
+            continue
+        key = (st.st_dev, st.st_ino)
+        out.setdefault(key, MappedLib(path, open_path, key))
+    return list(out.values())
+
+
+def attach_mode_reason() -> str | None:
+    """None when uprobes go through the perf PMU (fd-based: freed when the monitor dies)."""
+    if UPROBE_PMU.exists():
+        return None
+    return "kernel has no uprobe PMU (/sys/bus/event_source/devices/uprobe): uprobes unavailable"

@@ -1,0 +1,109 @@
+"""desync and lifecycle rules on synthetic eBPF records (pure functions, no processes)."""
+
+from __future__ import annotations
+
+from scout_sys.consensus import desync, lifecycle
+from scout_sys.model import (
+    ATTRIBUTED,
+    DESYNC,
+    INCONCLUSIVE,
+    PROCESS_EXIT,
+    CollectiveSample,
+    ExitRecord,
+    Fingerprint,
+    Job,
+    Rank,
+    SignalRecord,
+)
+
+
+def job(n: int) -> Job:
+    return Job(ranks=tuple(Rank(rank=r, pid=1000 + r, host="h") for r in range(n)), world_size=n,
+               launcher="torchrun", launcher_pid=999, host="h")
+
+
+def sample(rank: int, fps: list[Fingerprint], *, inside: bool = False, t: float = 100.0,
+           enter: float | None = None) -> CollectiveSample:
+    last = fps[-1] if fps else None
+    return CollectiveSample(time=t, rank=rank, pid=1000 + rank, backend="gloo", group="gloo:0",
+                            seq=last.seq if last else 0, completed=None, inside=inside,
+                            last_enter=enter if enter is not None else (last.time if last else None),
+                            last_exit=None, last=last, recent=tuple(fps))
+
+
+def ar(seq: int, count: int = 4160, op: str = "allreduce", t: float = 10.0) -> Fingerprint:
+    return Fingerprint(seq=seq, op=op, time=t + seq, count=count, dtype="float32", redop="sum")
+
+
+def test_healthy_sequence_is_quiet() -> None:
+    obs = [sample(r, [ar(s) for s in range(5, 9)]) for r in range(4)]
+    assert desync.analyze(job(4), obs) == []
+
+
+def test_minority_with_other_collective_is_named() -> None:
+    obs = [sample(r, [ar(s) for s in range(5, 9)]) for r in (0, 1, 3)]
+    obs.append(sample(2, [ar(5), ar(6), ar(7, op="broadcast"), ar(8)]))
+    (inc,) = desync.analyze(job(4), obs)
+    assert (inc.kind, inc.status, inc.ranks) == (DESYNC, ATTRIBUTED, (2,))
+    assert "#7" in inc.summary and "broadcast" in inc.summary
+    assert inc.evidence[0].data["fingerprint"]["op"] == "broadcast"
+
+
+def test_other_size_is_named() -> None:
+    obs = [sample(r, [ar(s) for s in range(1, 4)]) for r in (0, 1, 2)]
+    obs.append(sample(3, [ar(1), ar(2), ar(3, count=4153)]))
+    (inc,) = desync.analyze(job(4), obs)
+    assert inc.ranks == (3,) and "4153" in inc.summary
+
+
+def test_no_majority_is_inconclusive() -> None:
+    obs = [sample(0, [ar(1)]), sample(1, [ar(1, count=2)]), sample(2, [ar(1, count=3)]), sample(3, [ar(1, count=4)])]
+    (inc,) = desync.analyze(job(4), obs)
+    assert inc.status == INCONCLUSIVE and inc.ranks == ()
+
+
+def test_rank_behind_while_majority_waits() -> None:
+    obs = [sample(r, [ar(s) for s in range(1, 9)], inside=True, enter=50.0) for r in (0, 1, 3)]
+    obs.append(sample(2, [ar(s) for s in range(1, 8)], inside=False))
+    (inc,) = desync.analyze(job(4), obs)
+    assert (inc.kind, inc.ranks) == (DESYNC, (2,)) and "behind" in inc.summary and inc.since == 50.0
+
+
+def test_skew_without_waiting_majority_is_not_desync() -> None:
+    obs = [sample(r, [ar(s) for s in range(1, 9)], inside=False) for r in (0, 1, 3)]
+    obs.append(sample(2, [ar(s) for s in range(1, 8)]))
+    assert desync.analyze(job(4), obs) == []
+
+
+def test_scales_to_10k_ranks() -> None:
+    n = 10_000
+    obs = [sample(r, [ar(s) for s in range(1, 4)]) for r in range(n - 1)]
+    obs.append(sample(n - 1, [ar(1), ar(2), ar(3, op="barrier")]))
+    (inc,) = desync.analyze(job(n), obs)
+    assert inc.ranks == (n - 1,)
+
+
+def _exit(rank: int, t: float, sig: int | None = None, code: int | None = None) -> ExitRecord:
+    return ExitRecord(time=t, rank=rank, pid=1000 + rank, exit_code=code, signal=sig)
+
+
+def _sig(rank: int, sig: int, sender: int, comm: str, t: float) -> SignalRecord:
+    return SignalRecord(time=t, rank=rank, pid=1000 + rank, signal=sig, signal_name="", sender_pid=sender,
+                        sender_comm=comm, code=0, result=0, first_time=t)
+
+
+def test_first_death_named_with_signal_and_sender() -> None:
+    obs = [_sig(1, 9, 4242, "kill", 10.0), _exit(1, 10.001, sig=9)]
+    for r in (0, 2, 3):
+        obs += [_sig(r, 15, 999, "torchrun", 10.2), _exit(r, 10.3 + r / 100, sig=15)]
+    (inc,) = lifecycle.analyze(job(4), obs)
+    assert (inc.kind, inc.ranks) == (PROCESS_EXIT, (1,))
+    assert "SIGKILL" in inc.summary and "4242" in inc.summary
+    assert inc.evidence[0].data["sender_pid"] == 4242
+    assert [e.data["sender_comm"] for e in inc.evidence[1:]] == ["torchrun"] * 3
+
+
+def test_exit_code_and_clean_finish() -> None:
+    (inc,) = lifecycle.analyze(job(2), [_exit(0, 5.0, code=3), _exit(1, 6.0, sig=15)])
+    assert inc.ranks == (0,) and "code 3" in inc.summary
+    assert lifecycle.analyze(job(2), [_exit(0, 5.0, code=0), _exit(1, 5.1, code=0)]) == []

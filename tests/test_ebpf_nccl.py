@@ -1,0 +1,81 @@
+"""The NCCL uprobes fire with the right arguments when the real libnccl.so.2 entry points are called.
+
+No GPU needed: a child process calls them through ctypes with a communicator NCCL rejects, so every
+call returns ncclInvalidArgument after our uprobe read its registers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scout_sys.model import Job, Rank
+from tests._ebpf_jobs import ROOT, ebpf_skip_reason
+
+pytestmark = pytest.mark.ebpf
+
+REASON = ebpf_skip_reason()
+
+
+def _libnccl() -> Path | None:
+    try:
+        import nvidia.nccl  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    lib = Path(list(nvidia.nccl.__path__)[0]) / "lib" / "libnccl.so.2"
+    return lib if lib.exists() else None
+
+
+@pytest.mark.skipif(REASON is not None, reason=f"eBPF unavailable: {REASON}")
+@pytest.mark.skipif(_libnccl() is None, reason="nvidia-nccl-cu12 wheel not installed (pip install -r requirements.txt)")
+def test_nccl_probe_reads_arguments() -> None:
+    from scout_sys.probes.ebpf.collectives import CollectiveProbe
+
+    child = subprocess.Popen([sys.executable, str(ROOT / "tests" / "jobs" / "nccl_calls.py"), str(_libnccl())],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    probe = CollectiveProbe()
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        ready = child.stdout.readline().split()
+        assert ready and ready[0] == "ready", ready
+        comm = int(ready[1])
+        job = Job(ranks=(Rank(rank=0, pid=child.pid, host=socket.gethostname()),), world_size=1,
+                  launcher="explicit", launcher_pid=None, host=socket.gethostname())
+        probe.start(job)
+        assert any("ncclAllReduce" in a for a in probe.attached)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        rcs = child.stdout.readline().split()
+        assert rcs == ["4"] * 6  # ncclInvalidArgument: no device, bogus communicator
+
+        samples = [s for s in probe.sample() if s.backend == "nccl"]
+        assert len(samples) == 1
+        s = samples[0]
+        assert (s.rank, s.pid, s.group, s.group_ptr) == (0, child.pid, "nccl:0", comm)
+        assert s.seq == 5 and s.p2p == 1 and not s.inside
+        got = [(f.seq, f.op, f.count, f.dtype, f.redop, f.root) for f in s.recent]
+        assert got == [
+            (1, "allreduce", 1234, "float32", "max", None),
+            (2, "broadcast", 77, "bfloat16", None, 3),
+            (3, "allgather", 4096, "int64", None, None),
+            (4, "reduce_scatter", 999, "float16", "sum", None),
+            (5, "reduce", 31, "float64", "min", 2),
+        ]
+        assert probe.nccl_returns() == {(child.pid, comm): 4}
+        assert probe.lost() == 0
+    finally:
+        probe.close()
+        probe.close()  # idempotent
+        for fn in (os.killpg, os.kill):
+            try:
+                fn(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        child.wait(10)
