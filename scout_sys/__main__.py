@@ -1,0 +1,3 @@
+from scout_sys.cli import main
+
+raise SystemExit(main())

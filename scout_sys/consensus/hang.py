@@ -1,0 +1,374 @@
+"""Hang rules: who stopped the job, from stacks and /proc over a window.
+
+Per rank, the window is summarised into an :class:`Activity` with one of these states:
+
+- ``waiting``: the main thread sat in the same collective at every stack sample and barely ran;
+- ``running``: the stack moved (a different function stack between samples): the rank progresses;
+- ``busy``: same place every sample, main thread on a CPU (a spin, a loop that never ends);
+- ``idle``: same place every sample, main thread off CPU (sleeping, blocked outside collectives);
+- ``stopped`` (SIGSTOP, a debugger), ``disk-sleep`` (uninterruptible for the whole window);
+- ``exited`` (gone or zombie); ``unknown`` (no stack could be read).
+
+Then per peer group, C3 votes on a signature per rank. Ranks waiting in a collective are
+*witnesses*, never the origin; the origin is what a strict majority of waiting ranks waits for: a
+rank elsewhere (``hang``), stopped or in disk sleep (``process_stall``), gone (``process_exit``) or
+waiting in a different collective (``collective_desync``). A rank whose stack moves while the others
+wait (a checkpoint write at a barrier) is a pause, not a hang. With no strict majority the finding is
+``inconclusive``, unless the evidence is decisive on its own (a stopped, stuck or exited rank while all
+others wait).
+
+Pure: no I/O, no clocks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scout_sys.consensus import c3
+from scout_sys.consensus.patterns import CollectiveWait, collective_of, short_path
+from scout_sys.model import (
+    ATTRIBUTED,
+    DESYNC,
+    HANG,
+    INCONCLUSIVE,
+    PROCESS_EXIT,
+    PROCESS_STALL,
+    Evidence,
+    Incident,
+    Job,
+    Observation,
+    ProcSample,
+    RankView,
+    StackSample,
+)
+
+STATES = ("waiting", "running", "busy", "idle", "stopped", "disk-sleep", "exited", "unknown")
+DECISIVE = ("stopped", "disk-sleep", "exited")
+
+# A waiting main thread is off CPU; a busy one is mostly on it (fractions of the window).
+WAIT_MAX_MAIN_CPU = 0.10
+BUSY_MIN_MAIN_CPU = 0.30
+# A rank that wrote this much (write syscalls) in the window is progressing (e.g. a checkpoint).
+WRITE_PROGRESS_BYTES = 64 * 1024
+
+_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
+            9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM", 19: "SIGSTOP", 20: "SIGTSTP"}
+
+
+def signal_name(sig: int) -> str:
+    return _SIGNALS.get(sig, f"signal {sig}")
+
+
+@dataclass(frozen=True)
+class Activity:
+    rank: int
+    pid: int | None
+    state: str
+    where: str = ""  # innermost frame, "file:line function"
+    wait: CollectiveWait | None = None
+    location: tuple[tuple[str, str], ...] = ()  # function-level main stack: ((file, function), ...)
+    stack: tuple[str, ...] = ()  # main-thread frames, innermost first, "file:line function"
+    cpu: float | None = None  # whole process, fraction of one core over the window
+    main_cpu: float | None = None  # main thread, fraction of one core
+    wrote: int = 0  # bytes written (write syscalls) during the window
+    last_ran: float | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    status: str = ""  # last /proc status
+    wchan: str | None = None
+    stack_error: str | None = None
+
+    def signature(self) -> tuple:
+        """What C3 votes on."""
+        if self.state == "waiting" and self.wait is not None:
+            return ("waiting", self.wait.op, self.wait.site)
+        if self.state in ("busy", "idle"):
+            return (self.state, self.location)
+        return (self.state,)
+
+    def view(self) -> RankView:
+        return RankView(
+            rank=self.rank,
+            state=self.state,
+            where=self.where,
+            collective=self.wait.label() if self.wait else None,
+            cpu_percent=None if self.cpu is None else 100.0 * self.cpu,
+            stack=self.stack,
+        )
+
+
+def _frame_str(f) -> str:
+    return f"{short_path(f.file)}:{f.line} {f.function}"
+
+
+_STDLIB = re.compile(r"/lib/python3\.\d+/(?!site-packages/|dist-packages/)|^<frozen ")
+
+
+def where_of(frames) -> str:
+    """The innermost frame that is not the standard library, e.g. ``train.py:78 load_batch``,
+    followed by the innermost frame when that one differs (``(in threading.py:331 Condition.wait)``)."""
+    if not frames:
+        return ""
+    own = next((f for f in frames if not _STDLIB.search(f.file)), frames[0])
+    text = _frame_str(own)
+    if own is not frames[0]:
+        text += f" (in {_frame_str(frames[0])})"
+    return text
+
+
+def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSample]) -> Activity:
+    """One rank's window → its Activity."""
+    procs = sorted(procs, key=lambda p: p.time)
+    stacks = sorted(stacks, key=lambda s: s.time)
+    if not procs:
+        return Activity(rank=rank, pid=None, state="exited")
+    last = procs[-1]
+    pid = last.pid
+    base = dict(rank=rank, pid=pid, status=last.status, wchan=last.wchan)
+    if not last.alive:
+        zombie = next((p for p in reversed(procs) if p.status == "zombie"), None)
+        return Activity(state="exited", exit_code=zombie.exit_code if zombie else None,
+                        exit_signal=zombie.exit_signal if zombie else None, **base)
+    live = [p for p in procs if p.alive]
+    dt = max(live[-1].time - live[0].time, 1e-6)
+    cpu = (live[-1].cpu_time - live[0].cpu_time) / dt if len(live) > 1 else None
+    main_cpu = None
+    if len(live) > 1 and live[0].main_cpu_ns is not None and live[-1].main_cpu_ns is not None:
+        main_cpu = (live[-1].main_cpu_ns - live[0].main_cpu_ns) / 1e9 / dt
+    wrote = 0
+    if live[0].write_chars is not None and live[-1].write_chars is not None:
+        wrote = max(0, live[-1].write_chars - live[0].write_chars)
+    base.update(cpu=cpu, main_cpu=main_cpu, wrote=wrote, last_ran=last.main_last_ran)
+
+    good = [(s, s.main()) for s in stacks if s.error is None and s.main() is not None]
+    latest = good[-1][1] if good else None
+    if latest is not None:
+        base["stack"] = tuple(_frame_str(f) for f in latest.frames)
+        base["where"] = where_of(latest.frames)
+    errors = [s.error for s in stacks if s.error]
+    if errors and not good:
+        base["stack_error"] = errors[-1]
+
+    n = len(live)
+    stopped = sum(p.status in ("stopped", "tracing-stop") for p in procs)
+    if last.status in ("stopped", "tracing-stop") and 2 * stopped >= n:
+        return Activity(state="stopped", **base)
+    if all(p.status == "disk-sleep" for p in live) and n > 1:
+        return Activity(state="disk-sleep", **base)
+    if not good:
+        return Activity(state="unknown", **base)
+
+    waits = [collective_of(t.frames) for _, t in good]
+    locs = [tuple((f.file, f.function) for f in t.frames) for _, t in good]
+    base["location"] = locs[-1]
+    off_cpu = main_cpu is None or main_cpu < WAIT_MAX_MAIN_CPU
+    w0 = waits[-1]
+    if w0 is not None and all(w == w0 for w in waits) and off_cpu:
+        return Activity(state="waiting", wait=w0, **base)
+    if len(set(locs)) == 1 and all(w is None or w == w0 for w in waits) and wrote < WRITE_PROGRESS_BYTES:
+        on_cpu = (main_cpu if main_cpu is not None else (cpu or 0.0)) >= BUSY_MIN_MAIN_CPU
+        return Activity(state="busy" if on_cpu else "idle", **base)
+    return Activity(state="running", **base)
+
+
+def activities(job: Job, obs: Sequence[Observation]) -> dict[int, Activity]:
+    procs: dict[int, list[ProcSample]] = {}
+    stacks: dict[int, list[StackSample]] = {}
+    for o in obs:
+        if isinstance(o, ProcSample):
+            procs.setdefault(o.rank, []).append(o)
+        elif isinstance(o, StackSample) and not o.native:
+            stacks.setdefault(o.rank, []).append(o)
+    out = {r.rank: summarize(r.rank, procs.get(r.rank, ()), stacks.get(r.rank, ())) for r in job.ranks}
+    for m in job.missing:
+        out[m] = Activity(rank=m, pid=None, state="exited")
+    return out
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    rs = sorted(ranks)
+    if len(rs) > 8:
+        return f"{len(rs)} ranks ({', '.join(map(str, rs[:6]))}, ...)"
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+
+def _who(job: Job, a: Activity) -> str:
+    pid = f"pid {a.pid}" if a.pid else "pid ?"
+    return f"rank {a.rank} ({pid} on {job.host_of(a.rank)})"
+
+
+def _state_text(a: Activity) -> str:
+    if a.state == "exited":
+        if a.exit_signal is not None:
+            return f"was killed by {signal_name(a.exit_signal)}"
+        if a.exit_code is not None:
+            return f"exited with code {a.exit_code}"
+        if a.pid is None:
+            return "is gone (no process; exited before we looked, exit code unknown)"
+        return "is gone (exit code unknown: reaped by its parent)"
+    if a.state == "stopped":
+        return f"is stopped (state {a.status}: SIGSTOP or a debugger) at {a.where or '?'}"
+    if a.state == "disk-sleep":
+        return f"is in uninterruptible sleep (D) in {a.wchan or '?'} at {a.where or '?'}"
+    if a.state == "waiting" and a.wait:
+        return f"waits in {a.wait.label()}"
+    if a.state == "busy":
+        return f"spins on a CPU outside any collective at {a.where or '?'}"
+    if a.state == "idle":
+        return f"is stuck outside any collective at {a.where or '?'}"
+    if a.state == "unknown":
+        return f"could not be inspected ({a.stack_error or 'no stack'})"
+    return f"is running at {a.where or '?'}"
+
+
+def _rank_evidence(a: Activity) -> list[Evidence]:
+    ev = []
+    data = {"state": a.state, "pid": a.pid}
+    if a.stack:
+        ev.append(Evidence("stack", f"rank {a.rank} main thread: {a.where}", rank=a.rank,
+                           data={**data, "stack": list(a.stack)}))
+    proc = {"status": a.status, "wchan": a.wchan}
+    if a.cpu is not None:
+        proc["cpu_percent"] = round(100 * a.cpu, 1)
+    if a.main_cpu is not None:
+        proc["main_thread_cpu_percent"] = round(100 * a.main_cpu, 1)
+    if a.state == "exited":
+        proc.update(exit_code=a.exit_code, exit_signal=a.exit_signal)
+    ev.append(Evidence("procfs", f"rank {a.rank} {_state_text(a)}", rank=a.rank, data={**data, **proc}))
+    return ev
+
+
+_KIND_OF_STATE = {"exited": PROCESS_EXIT, "stopped": PROCESS_STALL, "disk-sleep": PROCESS_STALL,
+                  "waiting": DESYNC, "busy": HANG, "idle": HANG, "unknown": HANG}
+
+
+def analyze(job: Job, obs: Sequence[Observation], *, window: tuple[float, float]) -> tuple[
+        list[Incident], dict[int, Activity], list[str]]:
+    """Hang findings for every peer group. Returns (incidents, activity per rank, notes)."""
+    acts = activities(job, obs)
+    incidents: list[Incident] = []
+    notes: list[str] = []
+    for group in job.groups():
+        g = {r: acts[r] for r in group if r in acts}
+        inc, nts = _analyze_group(job, g, window)
+        incidents += inc
+        notes += nts
+    return incidents, acts, notes
+
+
+def _since(acts: Sequence[Activity], default: float) -> float:
+    times = [a.last_ran for a in acts if a.last_ran is not None]
+    return min(times) if times else default
+
+
+def _majority_evidence(job: Job, waiting: list[Activity], label: str) -> Evidence:
+    rep = waiting[0]
+    return Evidence("stack", f"{_ranks_text([a.rank for a in waiting])} wait in {label}",
+                    data={"ranks": sorted(a.rank for a in waiting), "collective": label,
+                          "stack": list(rep.stack),
+                          "main_thread_cpu_percent": [round(100 * (a.main_cpu or 0.0), 1) for a in waiting]})
+
+
+def _analyze_group(job: Job, g: dict[int, Activity], window: tuple[float, float]) -> tuple[
+        list[Incident], list[str]]:
+    if not g:
+        return [], []
+    v = c3.vote({r: a.signature() for r, a in g.items()})
+    n = len(g)
+    waiting_sig = v.signature is not None and v.signature[0] == "waiting"
+
+    if v.status == c3.AGREE and waiting_sig and not all(a.wait and a.wait.direct for a in g.values()):
+        # Every rank in backward together is a long step as often as a hang: say nothing.
+        return [], [f"all {n} ranks are in {v.signature[1]} with their main thread off CPU"]
+    if v.status == c3.AGREE and waiting_sig:
+        acts = list(g.values())
+        label = acts[0].wait.label() if acts[0].wait else "?"
+        return [Incident(
+            kind=HANG, status=INCONCLUSIVE, ranks=(), hosts=tuple(sorted({job.host_of(r) for r in g})),
+            since=_since(acts, window[0]),
+            summary=(f"all {n} ranks wait in {label} and none is elsewhere: common-mode hang; the origin is "
+                     "outside these ranks (a rank on another host, the network, the store)"),
+            evidence=(_majority_evidence(job, acts, label),),
+        )], []
+
+    if v.attributed and waiting_sig:
+        majority = [g[r] for r in v.majority]
+        minority = [g[r] for r in v.minority]
+        label = majority[0].wait.label() if majority[0].wait else "?"
+        moving = [a for a in minority if a.state == "running"]
+        origins = [a for a in minority if a.state != "running"]
+        notes = []
+        if moving:
+            notes.append(
+                f"{len(majority)} of {n} ranks wait in {label} for {_ranks_text([a.rank for a in moving])}, "
+                f"which {'is' if len(moving) == 1 else 'are'} still progressing "
+                f"({'; '.join(a.where or '?' for a in moving)}): a pause (e.g. a checkpoint), not a hang")
+        return _attribute(job, origins, majority, label, n, window, decisive_only=False), notes
+
+    # No strict majority of waiting witnesses.
+    waiting = [a for a in g.values() if a.state == "waiting"]
+    decisive = [a for a in g.values() if a.state in DECISIVE]
+    others = [a for a in g.values() if a.state not in DECISIVE and a.state != "waiting"]
+    if decisive and not others:
+        label = waiting[0].wait.label() if waiting and waiting[0].wait else "?"
+        return _attribute(job, decisive, waiting, label, n, window, decisive_only=True), []
+    if decisive:
+        # A stopped or dead rank is an incident on its own, whatever the others do yet.
+        return _attribute(job, decisive, waiting, waiting[0].wait.label() if waiting and waiting[0].wait
+                          else "?", n, window, decisive_only=True), []
+    stalled = waiting and all(a.state in ("waiting", "idle", "busy", "unknown") for a in g.values())
+    if stalled:
+        groups: dict[tuple, list[int]] = {}
+        for r, a in g.items():
+            groups.setdefault(a.signature(), []).append(r)
+        ev = []
+        for _sig, rs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1])):
+            a = g[rs[0]]
+            ev.append(Evidence("stack", f"{_ranks_text(rs)} {_state_text(a).removeprefix('is ')}",
+                               data={"ranks": sorted(rs), "state": a.state, "stack": list(a.stack)}))
+        return [Incident(
+            kind=HANG, status=INCONCLUSIVE, ranks=(), hosts=tuple(sorted({job.host_of(r) for r in g})),
+            since=_since(waiting, window[0]),
+            summary=(f"no progress on any of {n} ranks, but no strict majority waits in one collective "
+                     f"({len(waiting)} of {n} wait): cannot tell the origin"),
+            evidence=tuple(ev),
+        )], []
+    return [], []
+
+
+def _attribute(job: Job, origins: list[Activity], witnesses: list[Activity], label: str, n: int,
+               window: tuple[float, float], *, decisive_only: bool) -> list[Incident]:
+    by_kind: dict[str, list[Activity]] = {}
+    for a in origins:
+        by_kind.setdefault(_KIND_OF_STATE.get(a.state, HANG), []).append(a)
+    out = []
+    witness_text = (f"{len(witnesses)} other rank{'s' if len(witnesses) != 1 else ''} wait in {label}"
+                    if witnesses else "no other rank waits in a collective yet")
+    for kind, acts in sorted(by_kind.items()):
+        ev: list[Evidence] = []
+        for a in acts:
+            ev += _rank_evidence(a)
+        if witnesses:
+            ev.append(_majority_evidence(job, witnesses, label))
+        if decisive_only and 2 * len(witnesses) <= n:
+            ev.append(Evidence("procfs", f"no strict majority of waiting ranks ({len(witnesses)} of {n}); "
+                               "the process state is decisive on its own"))
+        first = acts[0]
+        if len(acts) == 1:
+            head = f"{_who(job, first)} {_state_text(first)}"
+        else:
+            head = f"{_ranks_text([a.rank for a in acts])} " + "; ".join(
+                f"rank {a.rank} {_state_text(a)}" for a in acts)
+        since = _since(witnesses or acts, window[0])
+        out.append(Incident(
+            kind=kind,
+            status=ATTRIBUTED,
+            ranks=tuple(sorted(a.rank for a in acts)),
+            hosts=tuple(sorted({job.host_of(a.rank) for a in acts})),
+            since=since,
+            summary=f"{head}; {witness_text}",
+            evidence=tuple(ev),
+        ))
+    return out

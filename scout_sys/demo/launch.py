@@ -1,0 +1,172 @@
+"""Start and stop demo jobs (used by ``scout-sys demo``, the tests and the benchmarks).
+
+Never imports torch: the job runs in its own processes. Every process of a job carries a marker
+variable (``SCOUT_DEMO_JOB=<id>``) in its environment, so :meth:`DemoJob.stop` finds and kills all of
+them — ranks in their own sessions (torchrun workers call setsid), helpers they forked, orphans —
+by pid and process group, never by name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+MARKER = "SCOUT_DEMO_JOB"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pids_with_marker(job_id: str) -> list[int]:
+    """Every process whose environment carries ``SCOUT_DEMO_JOB=job_id``."""
+    needle = f"{MARKER}={job_id}".encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    out.append(int(name))
+        except OSError:
+            continue
+    return out
+
+
+class DemoJob:
+    """A demo (or any) training job started in its own session, with its output in a log file.
+
+    ``launcher``: ``torchrun`` (python -m torch.distributed.run) or ``shell`` (one plain process
+    per rank under ``bash``, with RANK / WORLD_SIZE / MASTER_* set by the script).
+    ``module`` / ``script``: what each rank runs (default: the demo trainer).
+    """
+
+    def __init__(self, nproc: int = 4, *, fault: str = "none", fault_rank: int = 2, fault_step: int = 5,
+                 launcher: str = "torchrun", args: list[str] | None = None, script: str | None = None,
+                 module: str = "scout_sys.demo.train", torchrun_args: list[str] | None = None,
+                 python: str | None = None, env: dict[str, str] | None = None) -> None:
+        self.nproc = nproc
+        self.launcher = launcher
+        self.id = uuid.uuid4().hex[:12]
+        self.python = python or sys.executable
+        target = [script] if script else ["-m", module]
+        train_args = list(args or [])
+        if script is None:
+            train_args += ["--fault", fault, "--fault-rank", str(fault_rank), "--fault-step", str(fault_step)]
+        self.port = free_port()
+        if launcher == "torchrun":
+            tr = ["--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port",
+                  str(self.port), *(torchrun_args or [])]
+            if script is None:
+                tr.append("-m")
+                target = [module]
+            self.cmd = [self.python, "-m", "torch.distributed.run", *tr, *target, *train_args]
+        elif launcher == "shell":
+            run = " ".join(shlex.quote(x) for x in [self.python, *target, *train_args])
+            body = (f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={self.port} WORLD_SIZE={nproc}\n"
+                    f"for r in $(seq 0 {nproc - 1}); do RANK=$r LOCAL_RANK=$r {run} & done\nwait\n")
+            self.cmd = ["bash", "-c", body]
+        else:
+            raise ValueError(f"unknown launcher {launcher!r}")
+        self.env = dict(os.environ, **(env or {}))
+        self.env[MARKER] = self.id
+        self.env.setdefault("OMP_NUM_THREADS", "1")
+        self.env.setdefault("PYTHONUNBUFFERED", "1")
+        self.log_path = os.path.join(tempfile.gettempdir(), f"scout-demo-{self.id}.log")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> DemoJob:
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                         start_new_session=True, stdin=subprocess.DEVNULL)
+        return self
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def wait_for(self, pattern: str, timeout: float = 60.0, count: int = 1) -> re.Match[str]:
+        """Wait until ``pattern`` has appeared ``count`` times in the job's output."""
+        rx = re.compile(pattern)
+        end = time.time() + timeout
+        while True:
+            found = list(rx.finditer(self.log()))
+            if len(found) >= count:
+                return found[count - 1]
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"job ended (exit {self.proc.returncode}) before {pattern!r}:\n{self.log()[-3000:]}")
+            if time.time() > end:
+                raise TimeoutError(f"no {pattern!r} within {timeout:g}s:\n{self.log()[-3000:]}")
+            time.sleep(0.1)
+
+    def wait_fault(self, timeout: float = 60.0) -> int:
+        """Wait for the fault marker; returns the faulty rank's pid."""
+        m = self.wait_for(r"SCOUT-DEMO fault kind=\S+ rank=\d+ step=\d+ pid=(\d+)", timeout)
+        return int(m.group(1))
+
+    def wait_steps(self, n: int = 1, timeout: float = 60.0) -> None:
+        self.wait_for(r"SCOUT-DEMO step ", timeout, count=n)
+
+    def pids(self) -> list[int]:
+        return pids_with_marker(self.id)
+
+    def stop(self) -> None:
+        """Kill every process of the job (SIGKILL works on stopped ones too) and reap the launcher."""
+        for _ in range(3):
+            pids = self.pids()
+            if self.proc is not None and self.proc.poll() is None:
+                pids.append(self.proc.pid)
+            if not pids:
+                break
+            groups = set()
+            for p in pids:
+                try:
+                    groups.add(os.getpgid(p))
+                except OSError:
+                    pass
+            for g in groups:
+                if g > 1 and g != os.getpgrp():
+                    try:
+                        os.killpg(g, signal.SIGKILL)
+                    except OSError:
+                        pass
+            for p in pids:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+            if self.proc is not None:
+                try:
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+            time.sleep(0.2)
+        try:
+            os.unlink(self.log_path)
+        except OSError:
+            pass
+
+    def __enter__(self) -> DemoJob:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,214 @@
+"""Demo trainer: a tiny MLP trained data-parallel on CPU with Gloo, with injectable faults.
+
+Run under torchrun (``python -m torch.distributed.run --nproc-per-node 4 -m scout_sys.demo.train``)
+or as plain processes with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set. This file imports
+torch: it is the watched job, never part of the monitor.
+
+Faults (``--fault KIND --fault-rank R --fault-step S``), each on one rank at one step:
+
+- ``hang``: stuck forever (sleeping) in a data-loading function, outside any collective;
+- ``stop``: the rank stops itself with SIGSTOP;
+- ``busy``: a pure-Python busy loop that never returns;
+- ``exit``: exits with ``--exit-code`` (default 3). A forked helper keeps the Gloo sockets open, as a
+  dead GPU rank's peers see under NCCL, so the peers hang instead of failing fast;
+- ``slow``: extra compute every step from step S on (a straggler);
+- ``desync``: calls broadcast where every other rank calls all_reduce;
+- ``desync-size``: calls all_reduce with a tensor of a different size.
+
+``--checkpoint-every N --checkpoint-seconds T``: every N steps rank 0 writes a checkpoint for about
+T seconds while the others wait at a barrier (a healthy pause). Every rank exits by itself after
+``--max-seconds`` so a forgotten demo never outlives its welcome.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+MARK = "SCOUT-DEMO"
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="scout_sys.demo.train", description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=10**9)
+    p.add_argument("--step-time", type=float, default=0.05, help="seconds of (sleeping) data time per step")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--fault", default="none",
+                   choices=["none", "hang", "stop", "busy", "exit", "slow", "desync", "desync-size"])
+    p.add_argument("--fault-rank", type=int, default=2)
+    p.add_argument("--fault-step", type=int, default=5)
+    p.add_argument("--exit-code", type=int, default=3)
+    p.add_argument("--slow-factor", type=float, default=4.0, help="slow: step takes this many times longer")
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--checkpoint-seconds", type=float, default=1.0)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--max-seconds", type=float, default=600.0)
+    return p.parse_args(argv)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(32, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def mark(what: str, **kv: object) -> None:
+    fields = " ".join(f"{k}={v}" for k, v in kv.items())
+    print(f"{MARK} {what} {fields}", flush=True)
+
+
+# ----------------------------------------------------------------------------- faults
+# Each fault is its own function so that its frame names the fault in a stack dump.
+
+
+def load_next_batch_stuck(deadline: float) -> None:
+    """hang: a data loader that never returns."""
+    while time.time() < deadline:
+        time.sleep(0.5)
+    os._exit(0)
+
+
+def spin_forever(deadline: float) -> None:
+    """busy: a pure-Python loop that never returns."""
+    x = 1
+    while time.time() < deadline:
+        for _ in range(10000):
+            x = (x * 1103515245 + 12345) % 2147483648
+    os._exit(0)
+
+
+def stop_self() -> None:
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def exit_leaving_helper(code: int, deadline: float) -> None:
+    """exit: die with ``code``; a forked helper holds the sockets so peers cannot tell."""
+    if os.fork() == 0:
+        while time.time() < deadline:
+            time.sleep(0.5)
+        os._exit(0)
+    os._exit(code)
+
+
+def desync_collective(t: torch.Tensor) -> None:
+    dist.broadcast(t, src=dist.get_rank())
+
+
+def desync_size(t: torch.Tensor) -> None:
+    dist.all_reduce(torch.cat([t, t[:1]]))
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def average_gradients(model: nn.Module) -> torch.Tensor:
+    grads = [p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]
+    flat = torch.cat(grads)
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for p in model.parameters():
+        if p.grad is not None:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            offset += n
+    return flat
+
+
+def write_checkpoint(model: nn.Module, seconds: float, path: str) -> int:
+    """Write the model repeatedly for about ``seconds`` (real file I/O), return bytes written."""
+    end = time.time() + seconds
+    written = 0
+    while True:
+        torch.save(model.state_dict(), path)
+        with open(path, "ab") as f:  # pad so the write is visible in /proc/PID/io
+            f.write(os.urandom(1 << 16))
+            f.flush()
+            os.fsync(f.fileno())
+        written += os.path.getsize(path)
+        if time.time() >= end:
+            return written
+
+
+def extra_compute(seconds: float) -> None:
+    a = torch.randn(128, 128)
+    end = time.time() + seconds
+    while time.time() < end:
+        a = torch.tanh(a @ a)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    deadline = time.time() + args.max_seconds
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = MLP(args.hidden)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(1000 + rank)
+    ckpt = os.path.join(tempfile.gettempdir(), f"scout-demo-ckpt-{os.getpid()}.pt")
+    mine = rank == args.fault_rank
+    if rank == 0:
+        mark("start", world=world, pid=os.getpid())
+    step = 0
+    try:
+        for step in range(args.steps):
+            if time.time() > deadline:
+                break
+            t0 = time.time()
+            if mine and step == args.fault_step and args.fault not in ("none", "slow"):
+                mark("fault", kind=args.fault, rank=rank, step=step, pid=os.getpid())
+                if args.fault == "hang":
+                    load_next_batch_stuck(deadline)
+                elif args.fault == "busy":
+                    spin_forever(deadline)
+                elif args.fault == "stop":
+                    stop_self()
+                elif args.fault == "exit":
+                    exit_leaving_helper(args.exit_code, deadline)
+            x = torch.randn(16, 32, generator=gen)
+            y = torch.randint(0, 10, (16,), generator=gen)
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            if mine and step == args.fault_step and args.fault == "desync":
+                desync_collective(torch.zeros(8))
+            elif mine and step == args.fault_step and args.fault == "desync-size":
+                desync_size(torch.zeros(8))
+            average_gradients(model)
+            opt.step()
+            if mine and args.fault == "slow" and step >= args.fault_step:
+                if step == args.fault_step:
+                    mark("fault", kind="slow", rank=rank, step=step, pid=os.getpid())
+                extra_compute(args.step_time * (args.slow_factor - 1.0))
+            if args.checkpoint_every and step and step % args.checkpoint_every == 0:
+                if rank == 0:
+                    mark("checkpoint", step=step)
+                    write_checkpoint(model, args.checkpoint_seconds, ckpt)
+                dist.barrier()
+            time.sleep(max(0.0, args.step_time - (time.time() - t0)) if args.step_time else 0.0)
+            if rank == 0 and args.log_every and step % args.log_every == 0:
+                mark("step", step=step, loss=f"{loss.item():.4f}")
+    finally:
+        if os.path.exists(ckpt):
+            os.unlink(ckpt)
+    if rank == 0:
+        mark("done", steps=step + 1)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,360 @@
+"""Job selector → :class:`~scout_sys.model.Job`.
+
+A *rank process* is a process whose environment names its rank and world size (``RANK`` and
+``WORLD_SIZE`` as torchrun sets them, or the MPI / Slurm equivalents). Selectors:
+
+- ``PID``: any process of the job. A launcher (torchrun, a shell script, mpirun, an srun step):
+  its descendants are searched. A rank: its sibling ranks under the same launcher are searched
+  (torchrun workers call setsid, so process groups alone would miss them).
+- ``pgid:N``: every process of process group N and their descendants.
+- ``PID,PID,...``: explicit rank processes.
+
+Ranks of one job share a job key (``TORCHELASTIC_RUN_ID``, else ``MASTER_ADDR:MASTER_PORT``).
+Helpers of a rank (DataLoader workers, compile workers) inherit its environment; the topmost
+Python process of each rank is the rank.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import psutil
+
+from scout_sys.errors import SUDO_HINT, BadSelector, NoRanks, PermissionDenied, TargetGone
+from scout_sys.model import Job, Rank
+
+# (rank, world size, local rank) variables by launcher family, in order of preference.
+_RANK_VARS = (
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+)
+_SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish"}
+_LOOPBACK = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    pid: int
+    ppid: int
+    rank: int
+    world_size: int
+    local_rank: int | None
+    local_world_size: int | None
+    group_rank: int | None
+    key: str
+    is_python: bool
+    name: str
+    env: dict[str, str]
+
+
+def _int(v: str | None) -> int | None:
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def _environ(pid: int) -> dict[str, str] | None:
+    """The process's environment, or None when it cannot be read (gone, zombie, kernel thread)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except PermissionError as e:
+        raise PermissionDenied(f"cannot read the environment of pid {pid}: {SUDO_HINT}", pid=pid) from e
+    except OSError:
+        return None
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            env[k.decode(errors="replace")] = v.decode(errors="replace")
+    return env
+
+
+def _candidate(proc: psutil.Process) -> _Candidate | None:
+    """A rank process, or None. Never raises for vanished processes."""
+    try:
+        env = _environ(proc.pid)
+        if not env:
+            return None
+        for rv, wv, lv in _RANK_VARS:  # noqa: B007 (lv is used after the loop)
+            rank, ws = _int(env.get(rv)), _int(env.get(wv))
+            if rank is not None and ws is not None and 0 <= rank < ws:
+                break
+        else:
+            return None
+        name = proc.name()
+        try:
+            exe = os.path.basename(proc.exe())
+        except (psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            exe = name
+        ppid = proc.ppid()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    except psutil.AccessDenied as e:
+        raise PermissionDenied(f"cannot inspect pid {proc.pid}: {SUDO_HINT}", pid=proc.pid) from e
+    run_id = env.get("TORCHELASTIC_RUN_ID")
+    if run_id:
+        key = f"run:{run_id}"
+    elif env.get("MASTER_ADDR") or env.get("MASTER_PORT"):
+        key = f"master:{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
+    else:
+        key = f"env:{env.get('SLURM_JOB_ID') or env.get('OMPI_COMM_WORLD_SIZE') or ''}:{ws}"
+    return _Candidate(
+        pid=proc.pid,
+        ppid=ppid,
+        rank=rank,
+        world_size=ws,
+        local_rank=_int(env.get(lv)),
+        local_world_size=_int(env.get("LOCAL_WORLD_SIZE") or env.get("OMPI_COMM_WORLD_LOCAL_SIZE")),
+        group_rank=_int(env.get("GROUP_RANK")),
+        key=key,
+        is_python="python" in exe.lower() or "python" in name.lower(),
+        name=name,
+        env=env,
+    )
+
+
+def _process(pid: int) -> psutil.Process:
+    try:
+        p = psutil.Process(pid)
+        p.status()
+        return p
+    except psutil.NoSuchProcess as e:
+        raise TargetGone(f"no process with pid {pid}", pid=pid) from e
+    except psutil.AccessDenied as e:
+        raise PermissionDenied(f"cannot inspect pid {pid}: {SUDO_HINT}", pid=pid) from e
+
+
+def _descendants(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _launcher_kind(proc: psutil.Process | None) -> str:
+    if proc is None:
+        return "explicit"
+    try:
+        cmd = " ".join(proc.cmdline())
+        name = proc.name()
+    except psutil.Error:
+        return "unknown"
+    if "torchrun" in cmd or "torch.distributed.run" in cmd or "torch.distributed.launch" in cmd:
+        return "torchrun"
+    for word, kind in (("mpirun", "mpirun"), ("mpiexec", "mpirun"), ("prted", "mpirun"),
+                       ("orted", "mpirun"), ("srun", "srun"), ("slurmstepd", "srun")):
+        if word in name or word in cmd.split(" ")[0]:
+            return kind
+    if name in _SHELLS:
+        return "shell"
+    if "python" in name:
+        return "python"
+    return name or "unknown"
+
+
+def _pick_ranks(cands: Iterable[_Candidate]) -> list[_Candidate]:
+    """One process per rank: Python over wrappers, then the topmost (helpers are its children)."""
+    by_rank: dict[int, list[_Candidate]] = {}
+    for c in cands:
+        by_rank.setdefault(c.rank, []).append(c)
+    chosen = []
+    for _rank, cs in sorted(by_rank.items()):
+        py = [c for c in cs if c.is_python] or cs
+        pids = {c.pid for c in py}
+        top = [c for c in py if c.ppid not in pids] or py
+        chosen.append(min(top, key=lambda c: c.pid))
+    return chosen
+
+
+def _device(c: _Candidate) -> str:
+    try:
+        with open(f"/proc/{c.pid}/maps") as f:
+            maps = f.read()
+    except OSError:
+        return "cpu"
+    if "libcuda.so" not in maps:
+        return "cpu"
+    idx = c.local_rank or 0
+    visible = [v for v in c.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if visible and idx < len(visible):
+        return f"cuda:{visible[idx].strip()}"
+    return f"cuda:{idx}"
+
+
+def _zombie_children(launcher: psutil.Process | None) -> list[psutil.Process]:
+    if launcher is None:
+        return []
+    out = []
+    try:
+        for ch in launcher.children():
+            try:
+                if ch.status() == psutil.STATUS_ZOMBIE:
+                    out.append(ch)
+            except psutil.NoSuchProcess:
+                continue
+    except psutil.NoSuchProcess:
+        pass
+    return out
+
+
+def _build(cands: list[_Candidate], launcher: psutil.Process | None, selector: str) -> Job:
+    if not cands:
+        raise NoRanks(f"no rank processes found for --job {selector} "
+                      "(looked for RANK/WORLD_SIZE in the environment of the process and its descendants)")
+    keys = sorted({c.key for c in cands})
+    if len(keys) > 1:
+        raise BadSelector(f"--job {selector} covers {len(keys)} different jobs ({', '.join(keys)}); "
+                          "select one of them by a rank's pid")
+    ranks_c = _pick_ranks(cands)
+    host = socket.gethostname()
+    world = max(c.world_size for c in ranks_c)
+    found = {c.rank for c in ranks_c}
+    notes: list[str] = []
+    # Which ranks should live on this host?
+    expected: set[int] = set()
+    lws = next((c.local_world_size for c in ranks_c if c.local_world_size), None)
+    anchor = next((c for c in ranks_c if c.local_rank is not None), None)
+    if lws and anchor is not None:
+        base = anchor.rank - (anchor.local_rank or 0)
+        expected = set(range(base, base + lws))
+        notes.append(f"{lws} ranks expected on this host (LOCAL_WORLD_SIZE)")
+    elif any(c.env.get("MASTER_ADDR", "").lower() in _LOOPBACK | {host.lower()} for c in ranks_c):
+        expected = set(range(world))
+        notes.append("single-host job (MASTER_ADDR is this host): all ranks expected here")
+    missing = tuple(sorted(expected - found))
+    ranks = tuple(
+        Rank(
+            rank=c.rank,
+            pid=c.pid,
+            host=host,
+            local_rank=c.local_rank,
+            world_size=c.world_size,
+            group_rank=c.group_rank,
+            device=_device(c),
+            run_id=c.env.get("TORCHELASTIC_RUN_ID"),
+            name=c.name,
+        )
+        for c in ranks_c
+    )
+    if missing:
+        zombies = _zombie_children(launcher)
+        if len(missing) == 1 and len(zombies) == 1:
+            # A dead rank whose launcher has not reaped it yet: its exit status is still readable.
+            ranks += (Rank(rank=missing[0], pid=zombies[0].pid, host=host, world_size=world,
+                           local_rank=missing[0] - (anchor.rank - (anchor.local_rank or 0)) if anchor else None,
+                           name="<zombie>"),)
+            notes.append(f"rank {missing[0]} is the zombie pid {zombies[0].pid}: the only rank missing and "
+                         "the only unreaped child of the launcher")
+            missing = ()
+        elif zombies:
+            notes.append("unreaped (zombie) children of the launcher: " + ", ".join(str(z.pid) for z in zombies))
+    return Job(
+        ranks=ranks,
+        world_size=world,
+        launcher=_launcher_kind(launcher),
+        launcher_pid=launcher.pid if launcher else None,
+        host=host,
+        missing=missing,
+        notes=tuple(notes),
+    )
+
+
+def _candidates(pool: Iterable[psutil.Process]) -> list[_Candidate]:
+    """Rank processes among ``pool``; unreadable ones are skipped unless nothing else is found."""
+    out: list[_Candidate] = []
+    denied: PermissionDenied | None = None
+    for p in pool:
+        try:
+            c = _candidate(p)
+        except PermissionDenied as e:
+            denied = e
+            continue
+        if c is not None:
+            out.append(c)
+    if not out and denied is not None:
+        raise denied
+    return out
+
+
+def _nearest_launcher(proc: psutil.Process, key: str) -> psutil.Process | None:
+    """The nearest ancestor that is not a rank process of the same job (None if that is init)."""
+    cur = proc
+    while True:
+        try:
+            parent = cur.parent()
+        except psutil.NoSuchProcess:
+            return None
+        if parent is None or parent.pid <= 1:
+            return None
+        c = _candidate(parent)
+        if c is None or c.key != key:
+            return parent
+        cur = parent
+
+
+def _all_processes() -> list[psutil.Process]:
+    return list(psutil.process_iter())
+
+
+def find_job(selector: str) -> Job:
+    """Resolve a ``--job`` selector. Raises a :class:`~scout_sys.errors.ScoutError` subclass."""
+    sel = selector.strip()
+    if sel.startswith("pgid:"):
+        pgid = _int(sel[5:])
+        if pgid is None or pgid <= 0:
+            raise BadSelector(f"bad selector {selector!r}: pgid:N needs a positive number")
+        members = []
+        for p in _all_processes():
+            try:
+                if os.getpgid(p.pid) == pgid:
+                    members.append(p)
+            except OSError:
+                continue
+        if not members:
+            raise TargetGone(f"no process in process group {pgid}")
+        seen: dict[int, psutil.Process] = {}
+        for p in members:
+            seen[p.pid] = p
+            for d in _descendants(p):
+                seen[d.pid] = d
+        cands = _candidates(seen.values())
+        leader = next((p for p in members if p.pid == pgid), None)
+        return _build(cands, leader, selector)
+    if "," in sel:
+        pids = [_int(x.strip()) for x in sel.split(",") if x.strip()]
+        if not pids or any(p is None or p <= 0 for p in pids):
+            raise BadSelector(f"bad selector {selector!r}: expected PID,PID,... of rank processes")
+        cands = []
+        for pid in pids:
+            assert pid is not None
+            c = _candidate(_process(pid))
+            if c is None:
+                raise NoRanks(f"pid {pid} is not a rank process (no RANK/WORLD_SIZE in its environment)",
+                              pid=pid)
+            cands.append(c)
+        job = _build(cands, None, selector)
+        return job
+    pid = _int(sel)
+    if pid is None or pid <= 0:
+        raise BadSelector(f"bad selector {selector!r}: expected PID, pgid:N or PID,PID,...")
+    proc = _process(pid)
+    me = _candidate(proc)
+    if me is not None:
+        launcher = _nearest_launcher(proc, me.key)
+        if launcher is not None:
+            pool = _descendants(launcher)
+        else:  # orphaned ranks (launcher gone or init): the same job anywhere on this host
+            pool = _all_processes()
+        cands = [c for c in _candidates(pool) if c.key == me.key]
+        if me.pid not in {c.pid for c in cands}:
+            cands.append(me)
+        return _build(cands, launcher, selector)
+    cands = _candidates(_descendants(proc))
+    return _build(cands, proc, selector)

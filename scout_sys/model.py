@@ -1,0 +1,434 @@
+"""The plain data types that cross rooms, and their JSON form.
+
+Nothing else in scout-sys defines a wire format: ``diagnose --json``, ``watch --json``, saved reports
+and the dashboard all serialise these records (schema ``scout-sys/diagnosis/v1``).
+
+Every record is frozen: consensus is a pure function of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+SCHEMA = "scout-sys/diagnosis/v1"
+
+# Incident kinds (the JSON "kind" field).
+HANG = "hang"
+STRAGGLER = "straggler"
+DESYNC = "collective_desync"
+PROCESS_EXIT = "process_exit"
+PROCESS_STALL = "process_stall"
+SDC = "sdc"
+HARDWARE = "hardware"
+
+ATTRIBUTED = "attributed"
+INCONCLUSIVE = "inconclusive"
+
+
+# --------------------------------------------------------------------------- the job
+
+
+@dataclass(frozen=True)
+class Rank:
+    """One rank process of the job, as found on this host."""
+
+    rank: int
+    pid: int
+    host: str
+    local_rank: int | None = None
+    world_size: int | None = None
+    group_rank: int | None = None
+    device: str = "cpu"
+    run_id: str | None = None
+    name: str = ""  # process name, untrusted text
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "pid": self.pid,
+            "host": self.host,
+            "local_rank": self.local_rank,
+            "device": self.device,
+        }
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the selector found: the rank processes and which of them are equivalent peers."""
+
+    ranks: tuple[Rank, ...]
+    world_size: int
+    launcher: str  # "torchrun", "shell", "explicit", ... (for people)
+    launcher_pid: int | None
+    host: str
+    # Global ranks expected on this host but not found (exited before we looked).
+    missing: tuple[int, ...] = ()
+    # Equivalent peer groups (global ranks). Default: every rank is a replica of every other.
+    peer_groups: tuple[tuple[int, ...], ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def by_rank(self) -> dict[int, Rank]:
+        return {r.rank: r for r in self.ranks}
+
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        if self.peer_groups:
+            return self.peer_groups
+        return (tuple(sorted({r.rank for r in self.ranks} | set(self.missing))),)
+
+    def host_of(self, rank: int) -> str:
+        r = self.by_rank().get(rank)
+        return r.host if r else self.host
+
+
+# --------------------------------------------------------------------------- observations
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str
+    file: str
+    line: int
+
+    def where(self) -> str:
+        return f"{self.file}:{self.line} {self.function}"
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    tid: int
+    name: str
+    active: bool
+    frames: tuple[Frame, ...]  # innermost first, as py-spy prints them
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tid": self.tid,
+            "name": self.name,
+            "active": self.active,
+            "frames": [f.where() for f in self.frames],
+        }
+
+
+@dataclass(frozen=True)
+class ProcSample:
+    """One read of /proc for one rank (probe: procfs)."""
+
+    time: float
+    rank: int
+    pid: int
+    status: str  # psutil status names, plus "gone" when the process no longer exists
+    cpu_time: float = 0.0  # user + system, whole process, seconds
+    main_cpu_ns: int | None = None  # on-CPU time of the main thread (schedstat), ns
+    main_last_ran: float | None = None  # unix time the main thread last ran (sched exec_start)
+    ctx_switches: int = 0
+    num_threads: int = 0
+    wchan: str | None = None
+    write_chars: int | None = None
+    read_chars: int | None = None
+    exit_code: int | None = None  # zombies: exit status
+    exit_signal: int | None = None  # zombies: killed by this signal
+    source: str = "procfs"
+
+    @property
+    def alive(self) -> bool:
+        return self.status not in ("gone", "zombie", "dead")
+
+
+@dataclass(frozen=True)
+class StackSample:
+    """One Python stack dump of one rank (probe: pystack, py-spy)."""
+
+    time: float
+    rank: int
+    pid: int
+    threads: tuple[ThreadStack, ...] = ()
+    error: str | None = None
+    native: bool = False
+    source: str = "stack"
+
+    def main(self) -> ThreadStack | None:
+        """The thread that runs the training loop: MainThread, else the first one listed."""
+        for t in self.threads:
+            if t.name == "MainThread":
+                return t
+        return self.threads[0] if self.threads else None
+
+
+Observation = Union[ProcSample, StackSample]  # noqa: UP007 (reassigned below)
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A fact a person can check. ``data`` holds the machine-readable part."""
+
+    source: str  # "stack" | "procfs" | "ebpf" | "nvml" | "replay" | "job"
+    text: str
+    rank: int | None = None
+    data: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"source": self.source, "text": self.text}
+        if self.rank is not None:
+            out["rank"] = self.rank
+        out.update(self.data)
+        return out
+
+
+@dataclass(frozen=True)
+class Incident:
+    kind: str
+    status: str  # ATTRIBUTED | INCONCLUSIVE
+    ranks: tuple[int, ...]  # origin global ranks; empty when inconclusive
+    hosts: tuple[str, ...]
+    since: float
+    summary: str
+    evidence: tuple[Evidence, ...] = ()
+    id: str = ""  # set by the Monitor when it tracks the incident
+
+    def key(self) -> tuple[str, str, tuple[int, ...]]:
+        """What makes two findings the same incident across polls."""
+        return (self.kind, self.status, self.ranks)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "status": self.status,
+            "ranks": list(self.ranks),
+            "hosts": list(self.hosts),
+            "since": round(self.since, 3),
+            "summary": self.summary,
+            "evidence": [e.to_json() for e in self.evidence],
+        }
+        if self.id:
+            out["id"] = self.id
+        return out
+
+
+@dataclass(frozen=True)
+class RankView:
+    """What one rank did over the window, as consensus saw it (shown to people, not voted on)."""
+
+    rank: int
+    state: str  # see consensus.hang.STATES
+    where: str = ""  # innermost frame of interest: "file:line function"
+    collective: str | None = None  # "all_reduce @ train.py:42" while waiting in one
+    cpu_percent: float | None = None
+    stack: tuple[str, ...] = ()  # main thread, innermost first
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"state": self.state, "where": self.where}
+        if self.collective:
+            out["collective"] = self.collective
+        if self.cpu_percent is not None:
+            out["cpu_percent"] = round(self.cpu_percent, 1)
+        return out
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The answer of one decision round: what ``diagnose`` prints and the Monitor publishes."""
+
+    time: float
+    job: Job
+    views: dict[int, RankView] = field(hash=False, compare=False)
+    incidents: tuple[Incident, ...]
+    probes: dict[str, str | None] = field(hash=False, compare=False)  # name -> None (on) | reason off
+    window: float = 0.0
+    notes: tuple[str, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        return not self.incidents
+
+    def to_json(self) -> dict[str, Any]:
+        ranks = []
+        for r in sorted(self.job.ranks, key=lambda r: r.rank):
+            d = r.to_json()
+            v = self.views.get(r.rank)
+            d["state"] = v.state if v else "unknown"
+            if v:
+                d["where"] = v.where
+                if v.collective:
+                    d["collective"] = v.collective
+            ranks.append(d)
+        for m in self.job.missing:
+            ranks.append({"rank": m, "pid": None, "host": self.job.host, "local_rank": None,
+                          "state": "exited"})
+        ranks.sort(key=lambda d: d["rank"])
+        return {
+            "schema": SCHEMA,
+            "time": round(self.time, 3),
+            "job": {
+                "world_size": self.job.world_size,
+                "launcher": self.job.launcher,
+                "launcher_pid": self.job.launcher_pid,
+                "ranks": ranks,
+            },
+            "status": "healthy" if self.healthy else "incident",
+            "incidents": [i.to_json() for i in self.incidents],
+            "probes": {k: ("on" if v is None else f"off: {v}") for k, v in self.probes.items()},
+            "window": round(self.window, 3),
+            "notes": list(self.notes),
+        }
+
+
+# --------------------------------------------------------------------------- eBPF records
+# ---- eBPF records (probes/ebpf: collectives, sched, lifecycle). Times are unix seconds.
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """One collective call as the uprobe on its entry point saw it."""
+
+    seq: int  # 1-based position in its group's collective sequence on this rank
+    op: str  # "allreduce", "broadcast", ... (backend-neutral names)
+    time: float  # entry
+    count: int | None = None  # elements of the (first) tensor / NCCL count; None: not readable
+    dtype: str | None = None  # "float32", ...
+    redop: str | None = None  # "sum", "max", ...
+    root: int | None = None  # broadcast / reduce / gather / scatter root
+    ntensors: int | None = None
+
+    def key(self) -> tuple[str, int | None, str | None, str | None]:
+        """What must be equal on every rank at the same sequence position."""
+        return (self.op, self.count, self.dtype, self.redop)
+
+    def describe(self) -> str:
+        parts = [self.op]
+        if self.count is not None:
+            parts.append(f"{self.count} x {self.dtype or '?'}")
+        if self.redop:
+            parts.append(self.redop)
+        return f"#{self.seq} " + " ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in {
+            "seq": self.seq, "op": self.op, "time": round(self.time, 6), "count": self.count,
+            "dtype": self.dtype, "redop": self.redop, "root": self.root,
+        }.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class CollectiveSample:
+    """Where one rank is in one process group's collective sequence (probe: ebpf collectives).
+
+    ``group`` is comparable across ranks: ``"gloo:0"`` is the first Gloo group this rank used, and so
+    on (groups are numbered in the order each rank first called a collective on them).
+    """
+
+    time: float
+    rank: int
+    pid: int
+    backend: str  # "gloo" | "nccl"
+    group: str
+    seq: int  # collectives entered on this group
+    completed: int | None  # collectives finished by this process (gloo: all groups); None: unknown
+    inside: bool  # entered a collective that has not finished
+    last_enter: float | None
+    last_exit: float | None
+    last: Fingerprint | None
+    recent: tuple[Fingerprint, ...] = ()  # oldest first, ends with ``last``
+    p2p: int = 0  # send / recv calls (not part of ``seq``)
+    waiting_peer: int | None = None  # gloo: group rank the worker last waited on (recv)
+    bytes_sent: int | None = None  # gloo: bytes sent by the last finished collective
+    group_ptr: int = 0  # process-group / communicator address in the rank (for people)
+    source: str = "ebpf"
+
+
+@dataclass(frozen=True)
+class ThreadSched:
+    tid: int
+    comm: str
+    on_cpu_ns: int
+    off_cpu_ns: int
+    switches: int
+    involuntary: int  # switched out while runnable (preempted)
+    state: str  # state at the last switch-out: "R" "S" "D" ... ; "running" when on CPU now
+    last_switch: float | None  # unix time of the last switch in or out
+
+
+@dataclass(frozen=True)
+class SchedSample:
+    """On/off-CPU time per thread of one rank, aggregated in the kernel (probe: ebpf sched)."""
+
+    time: float
+    rank: int
+    pid: int
+    threads: tuple[ThreadSched, ...]
+    lost: int = 0  # thread updates dropped because the bounded map was full
+    source: str = "ebpf"
+
+    def main(self) -> ThreadSched | None:
+        for t in self.threads:
+            if t.tid == self.pid:
+                return t
+        return None
+
+
+@dataclass(frozen=True)
+class SignalRecord:
+    """A signal generated for a rank (probe: ebpf lifecycle, signal:signal_generate)."""
+
+    time: float  # last time this (target, signal, sender) was seen
+    rank: int
+    pid: int  # target process
+    signal: int
+    signal_name: str
+    sender_pid: int
+    sender_comm: str  # untrusted text
+    code: int  # si_code: 0 SI_USER (kill), -6 SI_TKILL, 128 SI_KERNEL, ...
+    result: int  # 0 delivered, 1 ignored, 2 already pending, 3 overflow, 4 lost
+    count: int = 1
+    first_time: float = 0.0
+    source: str = "ebpf"
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    """A rank process ended (probe: ebpf lifecycle, sched:sched_process_exit)."""
+
+    time: float
+    rank: int
+    pid: int
+    exit_code: int | None  # exit status when it exited; None when killed by a signal / unknown
+    signal: int | None  # the signal that killed it
+    core_dumped: bool = False
+    comm: str = ""
+    source: str = "ebpf"
+
+    def describe(self) -> str:
+        if self.signal:
+            return f"killed by {signal_name(self.signal)}" + (" (core dumped)" if self.core_dumped else "")
+        if self.exit_code is None:
+            return "exited (status unknown)"
+        return f"exited with code {self.exit_code}"
+
+
+@dataclass(frozen=True)
+class OomRecord:
+    """The kernel OOM killer chose a rank (probe: ebpf lifecycle, oom:mark_victim)."""
+
+    time: float
+    rank: int
+    pid: int
+    total_vm_kb: int | None = None
+    anon_rss_kb: int | None = None
+    source: str = "ebpf"
+
+
+def signal_name(sig: int) -> str:
+    import signal as _signal
+
+    try:
+        return _signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+Observation = Union[  # noqa: UP007 (the alias above is reassigned to add the eBPF records)
+    ProcSample, StackSample, CollectiveSample, SchedSample, SignalRecord, ExitRecord, OomRecord
+]

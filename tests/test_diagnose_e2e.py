@@ -1,0 +1,172 @@
+"""diagnose against real torchrun / shell-launched CPU jobs on Gloo, with real py-spy.
+
+Each test starts a tiny job, waits for its fault, runs the real command line and checks the exact
+origin ranks and kind. Jobs are killed at teardown (conftest.start_job)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from tests.conftest import JOBS, diagnose_json, origins, scout
+
+pytestmark = pytest.mark.slow
+SETTLE = 1.5  # let the healthy ranks reach the next collective after the fault
+
+
+@pytest.mark.parametrize(
+    "fault,rank,kind",
+    [
+        ("hang", 2, "hang"),
+        ("stop", 1, "process_stall"),
+        ("busy", 3, "hang"),
+        ("desync", 2, "collective_desync"),
+    ],
+)
+def test_torchrun_4_ranks_each_fault(start_job, fault, rank, kind):
+    job = start_job(4, fault=fault, fault_rank=rank)
+    job.wait_fault()
+    time.sleep(SETTLE)
+    rc, d = diagnose_json(job.pid)
+    assert rc == 1, d
+    assert d["status"] == "incident"
+    assert origins(d) == [(kind, "attributed", [rank])], d["incidents"]
+    inc = d["incidents"][0]
+    assert inc["hosts"] and inc["summary"] and inc["evidence"]
+    assert {r["rank"] for r in d["job"]["ranks"]} == {0, 1, 2, 3}
+    sources = {e["source"] for e in inc["evidence"]}
+    assert "stack" in sources and "procfs" in sources
+    # the witnesses are named as waiting, never as origins
+    states = {r["rank"]: r["state"] for r in d["job"]["ranks"]}
+    assert all(states[r] == "waiting" for r in range(4) if r != rank), states
+
+
+def test_selecting_by_a_rank_pid_finds_its_siblings(start_job):
+    job = start_job(4, fault="hang", fault_rank=0)
+    faulty_pid = job.wait_fault()
+    time.sleep(SETTLE)
+    rc, d = diagnose_json(faulty_pid)
+    assert rc == 1
+    assert origins(d) == [("hang", "attributed", [0])]
+    assert len(d["job"]["ranks"]) == 4
+
+
+def test_selecting_by_process_group(start_job):
+    job = start_job(4, fault="stop", fault_rank=3)
+    job.wait_fault()
+    time.sleep(SETTLE)
+    rc, d = diagnose_json(f"pgid:{os.getpgid(job.pid)}")
+    assert rc == 1
+    assert origins(d) == [("process_stall", "attributed", [3])]
+
+
+def test_torchrun_exit_while_launcher_has_not_reaped_it(start_job):
+    # torchrun notices dead workers every --monitor-interval; until then the rank is a zombie.
+    job = start_job(4, fault="exit", fault_rank=2, torchrun_args=["--monitor-interval", "600"],
+                    args=["--exit-code", "5"])
+    job.wait_fault()
+    time.sleep(SETTLE)
+    rc, d = diagnose_json(job.pid)
+    assert rc == 1
+    assert origins(d) == [("process_exit", "attributed", [2])]
+    ev = [e for e in d["incidents"][0]["evidence"] if e.get("rank") == 2 and e["source"] == "procfs"]
+    assert ev and ev[0]["exit_code"] == 5, ev
+    assert "exited with code 5" in d["incidents"][0]["summary"]
+
+
+def test_8_ranks(start_job):
+    job = start_job(8, fault="hang", fault_rank=6, args=["--step-time", "0.1"])
+    job.wait_fault(timeout=120)
+    time.sleep(SETTLE + 1)
+    rc, d = diagnose_json(job.pid)
+    assert rc == 1
+    assert origins(d) == [("hang", "attributed", [6])]
+    assert d["job"]["world_size"] == 8 and len(d["job"]["ranks"]) == 8
+
+
+def test_healthy_job_is_healthy(start_job):
+    job = start_job(4)
+    job.wait_steps(2)
+    rc, d = diagnose_json(job.pid)
+    assert (rc, d["status"], d["incidents"]) == (0, "healthy", [])
+    assert all(r["state"] in ("running", "waiting", "idle", "busy") for r in d["job"]["ranks"])
+
+
+def test_checkpoint_pauses_at_barriers_are_healthy(start_job):
+    # rank 0 writes a checkpoint for ~2 s every 10 steps while the others wait at a barrier,
+    # longer than the window: the writer progresses, so it is a pause, not a hang.
+    job = start_job(4, args=["--checkpoint-every", "10", "--checkpoint-seconds", "3"])
+    job.wait_for(r"SCOUT-DEMO checkpoint step=10")
+    time.sleep(0.5)
+    rc, d = diagnose_json(job.pid, window=2.0)
+    assert (rc, d["incidents"]) == (0, []), d
+
+
+def test_two_rank_job_has_no_strict_majority(start_job):
+    job = start_job(2, fault="hang", fault_rank=1)
+    job.wait_fault()
+    time.sleep(SETTLE)
+    rc, d = diagnose_json(job.pid)
+    assert rc == 1
+    assert origins(d) == [("hang", "inconclusive", [])]
+
+
+def test_two_rank_job_with_a_stopped_rank_is_decisive(start_job):
+    job = start_job(2, fault="stop", fault_rank=0)
+    job.wait_fault()
+    time.sleep(SETTLE)
+    rc, d = diagnose_json(job.pid)
+    assert origins(d) == [("process_stall", "attributed", [0])]
+
+
+def test_plain_shell_job_where_one_rank_exits_and_the_others_hang(start_job):
+    # No torchrun: ranks are plain processes under bash, which reaps the dead one at once.
+    job = start_job(4, launcher="shell", fault="exit", fault_rank=1)
+    job.wait_fault()
+    time.sleep(SETTLE)
+    rc, d = diagnose_json(job.pid)
+    assert rc == 1
+    assert origins(d) == [("process_exit", "attributed", [1])]
+    assert d["job"]["launcher"] == "shell"
+
+
+# ---------------------------------------------------------------- a trainer written without us in mind
+
+OTHER = os.path.join(JOBS, "other_trainer.py")
+
+
+def test_unseen_ddp_trainer_hang(start_job):
+    job = start_job(4, script=OTHER, args=["--fault", "hang", "--fault-rank", "1"])
+    job.wait_for(r"OTHER fault hang")
+    time.sleep(SETTLE)
+    rc, d = diagnose_json(job.pid)
+    assert origins(d) == [("hang", "attributed", [1])], d["incidents"]
+    assert "fetch_shard_from_object_store" in d["incidents"][0]["summary"]
+
+
+def test_unseen_trainer_exit_under_shell(start_job):
+    job = start_job(4, script=OTHER, launcher="shell", args=["--fault", "exit", "--fault-rank", "3"])
+    job.wait_for(r"OTHER fault exit")
+    time.sleep(SETTLE)
+    rc, d = diagnose_json(job.pid)
+    assert origins(d) == [("process_exit", "attributed", [3])]
+
+
+def test_unseen_ddp_trainer_healthy(start_job):
+    job = start_job(4, script=OTHER)
+    job.wait_for(r"OTHER step 10")
+    rc, d = diagnose_json(job.pid)
+    assert (rc, d["incidents"]) == (0, []), d
+
+
+def test_human_output_names_rank_host_pid_and_where(start_job):
+    job = start_job(4, fault="hang", fault_rank=2)
+    pid = job.wait_fault()
+    time.sleep(SETTLE)
+    out = scout("diagnose", "--job", str(job.pid), "--window", "2")
+    assert out.returncode == 1, out.stderr
+    text = out.stdout
+    assert "INCIDENT hang (attributed): rank 2" in text
+    assert f"pid {pid}" in text and "load_next_batch_stuck" in text and "all_reduce" in text

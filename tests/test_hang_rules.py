@@ -1,0 +1,210 @@
+"""Hang rules on synthetic observations: no processes, no clocks (pure consensus)."""
+
+from __future__ import annotations
+
+from scout_sys.consensus import hang
+from scout_sys.model import Frame, Job, ProcSample, Rank, StackSample, ThreadStack
+
+T0 = 1_000_000.0
+C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+TRAIN = "/jobs/train.py"
+
+
+def _job(n: int, missing: tuple[int, ...] = ()) -> Job:
+    ranks = tuple(Rank(rank=r, pid=1000 + r, host="h0", local_rank=r, world_size=n) for r in range(n)
+                  if r not in missing)
+    return Job(ranks=ranks, world_size=n, launcher="torchrun", launcher_pid=999, host="h0", missing=missing)
+
+
+def _stack(*frames: tuple[str, str, int]) -> tuple[Frame, ...]:
+    return tuple(Frame(function=f, file=p, line=ln) for f, p, ln in frames)
+
+
+WAIT_AR = _stack(("all_reduce", C10D, 3252), ("wrapper", "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", 83),
+                 ("step", TRAIN, 42), ("<module>", TRAIN, 90))
+WAIT_BC = _stack(("broadcast", C10D, 2800), ("step", TRAIN, 50), ("<module>", TRAIN, 90))
+SLEEPING = _stack(("load_batch", TRAIN, 12), ("step", TRAIN, 30), ("<module>", TRAIN, 90))
+
+
+def _rank_obs(rank: int, *, stacks, status="sleeping", main_cpu_per_s=0.0, cpu_per_s=0.0, n=5,
+              wrote_per_s=0, exit_code=None):
+    """n samples one second apart; ``stacks`` is one stack or a list of n stacks."""
+    out = []
+    for i in range(n):
+        t = T0 + i
+        st = status(i) if callable(status) else status
+        if st in ("gone", "zombie"):
+            out.append(ProcSample(time=t, rank=rank, pid=1000 + rank, status=st, exit_code=exit_code))
+            continue
+        out.append(ProcSample(time=t, rank=rank, pid=1000 + rank, status=st, cpu_time=cpu_per_s * i,
+                              main_cpu_ns=int(main_cpu_per_s * i * 1e9), main_last_ran=T0 - 10 + rank,
+                              write_chars=wrote_per_s * i, read_chars=0))
+        frames = stacks[i] if isinstance(stacks, list) else stacks
+        out.append(StackSample(time=t, rank=rank, pid=1000 + rank,
+                               threads=(ThreadStack(tid=1000 + rank, name="MainThread", active=False, frames=frames),)))
+    return out
+
+
+def _analyze(job, obs):
+    return hang.analyze(job, obs, window=(T0, T0 + 4))
+
+
+def test_sleeping_rank_is_the_origin_of_a_hang():
+    obs = []
+    for r in range(4):
+        obs += _rank_obs(r, stacks=SLEEPING if r == 2 else WAIT_AR)
+    incidents, acts, _ = _analyze(_job(4), obs)
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("hang", "attributed", (2,))]
+    assert acts[2].state == "idle" and acts[0].state == "waiting"
+    assert "all_reduce" in incidents[0].summary and "train.py:42" in incidents[0].summary
+    assert incidents[0].since == T0 - 10  # earliest witness stopped running then
+
+
+def test_waiting_ranks_are_never_named():
+    obs = []
+    for r in range(4):
+        obs += _rank_obs(r, stacks=WAIT_AR)
+    incidents, _, _ = _analyze(_job(4), obs)
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("hang", "inconclusive", ())]
+    assert "common-mode" in incidents[0].summary
+
+
+def test_busy_rank_spinning_in_one_place():
+    obs = []
+    for r in range(4):
+        obs += (_rank_obs(r, stacks=SLEEPING, status="running", main_cpu_per_s=0.95, cpu_per_s=0.95) if r == 1
+                else _rank_obs(r, stacks=WAIT_AR))
+    incidents, acts, _ = _analyze(_job(4), obs)
+    assert acts[1].state == "busy"
+    assert [(i.kind, i.ranks) for i in incidents] == [("hang", (1,))]
+
+
+def test_stopped_rank_is_a_process_stall():
+    obs = []
+    for r in range(4):
+        obs += _rank_obs(r, stacks=SLEEPING if r == 3 else WAIT_AR, status="stopped" if r == 3 else "sleeping")
+    incidents, _, _ = _analyze(_job(4), obs)
+    assert [(i.kind, i.ranks) for i in incidents] == [("process_stall", (3,))]
+
+
+def test_exited_rank_with_code():
+    obs = []
+    for r in range(4):
+        obs += (_rank_obs(r, stacks=SLEEPING, status=lambda i: "zombie", exit_code=3) if r == 0
+                else _rank_obs(r, stacks=WAIT_AR))
+    incidents, _, _ = _analyze(_job(4), obs)
+    assert [(i.kind, i.ranks) for i in incidents] == [("process_exit", (0,))]
+    assert "exited with code 3" in incidents[0].summary
+
+
+def test_missing_rank_is_an_exit():
+    obs = []
+    for r in (0, 1, 3):
+        obs += _rank_obs(r, stacks=WAIT_AR)
+    incidents, _, _ = _analyze(_job(4, missing=(2,)), obs)
+    assert [(i.kind, i.ranks) for i in incidents] == [("process_exit", (2,))]
+
+
+def test_different_collective_is_a_desync():
+    obs = []
+    for r in range(4):
+        obs += _rank_obs(r, stacks=WAIT_BC if r == 2 else WAIT_AR)
+    incidents, _, _ = _analyze(_job(4), obs)
+    assert [(i.kind, i.ranks) for i in incidents] == [("collective_desync", (2,))]
+    assert "broadcast" in incidents[0].summary
+
+
+def test_healthy_ranks_moving_through_steps():
+    seq = [SLEEPING, WAIT_AR, SLEEPING, WAIT_AR, SLEEPING]
+    obs = []
+    for r in range(4):
+        obs += _rank_obs(r, stacks=seq[r % 2:] + seq[: r % 2], status="running", main_cpu_per_s=0.5, cpu_per_s=0.6)
+    incidents, acts, _ = _analyze(_job(4), obs)
+    assert incidents == []
+    assert all(a.state == "running" for a in acts.values())
+
+
+def test_same_collective_line_but_main_thread_running_is_not_waiting():
+    # A job that calls all_reduce back to back is caught there at every sample, but it runs.
+    obs = []
+    for r in range(4):
+        obs += _rank_obs(r, stacks=WAIT_AR, status="running", main_cpu_per_s=0.6, cpu_per_s=0.7)
+    incidents, acts, _ = _analyze(_job(4), obs)
+    assert incidents == [] and acts[0].state != "waiting"
+
+
+def test_checkpoint_pause_is_not_a_hang():
+    ckpt = [_stack(("save", "/venv/lib/python3.11/site-packages/torch/serialization.py", 900 + i), ("ckpt", TRAIN, 70))
+            for i in range(5)]
+    ckpt = [c if i % 2 else _stack(("write", TRAIN, 80), ("ckpt", TRAIN, 70)) for i, c in enumerate(ckpt)]
+    obs = []
+    for r in range(4):
+        obs += (_rank_obs(r, stacks=ckpt, status="running", main_cpu_per_s=0.8, cpu_per_s=0.8, wrote_per_s=1 << 20)
+                if r == 0 else _rank_obs(r, stacks=WAIT_AR))
+    incidents, _, notes = _analyze(_job(4), obs)
+    assert incidents == []
+    assert any("pause" in n for n in notes)
+
+
+def test_two_ranks_without_decisive_evidence_are_inconclusive():
+    obs = _rank_obs(0, stacks=WAIT_AR) + _rank_obs(1, stacks=SLEEPING)
+    incidents, _, _ = _analyze(_job(2), obs)
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("hang", "inconclusive", ())]
+
+
+def test_two_ranks_with_a_stopped_one_is_decisive():
+    obs = _rank_obs(0, stacks=WAIT_AR) + _rank_obs(1, stacks=SLEEPING, status="stopped")
+    incidents, _, _ = _analyze(_job(2), obs)
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("process_stall", "attributed", (1,))]
+
+
+def test_tie_between_waiting_and_stuck_is_inconclusive():
+    obs = []
+    for r in range(4):
+        obs += _rank_obs(r, stacks=SLEEPING if r in (1, 2) else WAIT_AR)
+    incidents, _, _ = _analyze(_job(4), obs)
+    assert [(i.kind, i.status) for i in incidents] == [("hang", "inconclusive")]
+
+
+def test_several_outliers_of_different_kinds():
+    obs = []
+    for r in range(8):
+        if r == 1:
+            obs += _rank_obs(r, stacks=SLEEPING)
+        elif r == 5:
+            obs += _rank_obs(r, stacks=SLEEPING, status="stopped")
+        else:
+            obs += _rank_obs(r, stacks=WAIT_AR)
+    incidents, _, _ = _analyze(_job(8), obs)
+    assert sorted((i.kind, i.ranks) for i in incidents) == [("hang", (1,)), ("process_stall", (5,))]
+
+
+def test_8192_ranks_synthetic():
+    n = 8192
+    obs = []
+    for r in range(n):
+        obs += _rank_obs(r, stacks=SLEEPING if r == 4242 else WAIT_AR, n=2)
+    incidents, _, _ = _analyze(_job(n), obs)
+    assert [(i.kind, i.ranks) for i in incidents] == [("hang", (4242,))]
+
+
+BACKWARD = _stack(("_engine_run_backward", "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", 841),
+                  ("backward", "/venv/lib/python3.11/site-packages/torch/autograd/__init__.py", 364),
+                  ("train_step", TRAIN, 61), ("<module>", TRAIN, 90))
+
+
+def test_ddp_ranks_waiting_in_backward_are_witnesses():
+    obs = []
+    for r in range(4):
+        obs += _rank_obs(r, stacks=SLEEPING if r == 1 else BACKWARD)
+    incidents, acts, _ = _analyze(_job(4), obs)
+    assert [(i.kind, i.ranks) for i in incidents] == [("hang", (1,))]
+    assert acts[0].wait is not None and acts[0].wait.op.startswith("backward")
+
+
+def test_every_rank_in_backward_is_not_a_common_mode_hang():
+    obs = []
+    for r in range(4):
+        obs += _rank_obs(r, stacks=BACKWARD)
+    incidents, _, _ = _analyze(_job(4), obs)
+    assert incidents == []

@@ -1,0 +1,109 @@
+"""Job selectors against real processes (no torch needed: rank processes are identified by their
+environment, as torchrun, mpirun and srun set it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from scout_sys.errors import BadSelector, NoRanks, TargetGone
+from scout_sys.job import find_job
+from tests.conftest import scout
+
+# Each "rank" sleeps; rank 1 forks a helper that inherits its environment (like a DataLoader worker).
+RANK_CODE = (
+    "import os, sys, time\n"
+    "if os.environ['RANK'] == '1' and os.fork() == 0:\n"
+    "    time.sleep(60); os._exit(0)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.fixture
+def fake_job():
+    """4 rank processes under a bash launcher in a new session; killed by process group at the end."""
+    body = ("export MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 WORLD_SIZE=4 LOCAL_WORLD_SIZE=4\n"
+            f"for r in 0 1 2 3; do RANK=$r LOCAL_RANK=$r {sys.executable} -c \"$CODE\" & done\nwait\n")
+    p = subprocess.Popen(["bash", "-c", body], env=dict(os.environ, CODE=RANK_CODE), start_new_session=True)
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                job = find_job(str(p.pid))
+                if len(job.ranks) == 4:
+                    break
+            except NoRanks:
+                pass
+            time.sleep(0.1)
+        yield p
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def test_launcher_pid_finds_all_ranks(fake_job):
+    job = find_job(str(fake_job.pid))
+    assert sorted(r.rank for r in job.ranks) == [0, 1, 2, 3]
+    assert job.launcher == "shell" and job.launcher_pid == fake_job.pid
+    assert job.world_size == 4 and job.missing == ()
+    # the forked helper of rank 1 is not taken for rank 1
+    r1 = job.by_rank()[1]
+    assert r1.pid in [c.pid for c in __import__("psutil").Process(fake_job.pid).children()]
+
+
+def test_rank_pid_finds_its_siblings(fake_job):
+    job0 = find_job(str(fake_job.pid))
+    job = find_job(str(job0.by_rank()[2].pid))
+    assert sorted(r.rank for r in job.ranks) == [0, 1, 2, 3]
+    assert job.launcher_pid == fake_job.pid
+
+
+def test_pgid_selector(fake_job):
+    job = find_job(f"pgid:{fake_job.pid}")
+    assert sorted(r.rank for r in job.ranks) == [0, 1, 2, 3]
+
+
+def test_explicit_pid_list(fake_job):
+    full = find_job(str(fake_job.pid))
+    pids = [full.by_rank()[r].pid for r in (0, 3)]
+    job = find_job(",".join(map(str, pids)))
+    assert sorted(r.rank for r in job.ranks) == [0, 3]
+    assert job.launcher == "explicit"
+
+
+def test_dead_rank_is_missing(fake_job):
+    full = find_job(str(fake_job.pid))
+    os.kill(full.by_rank()[3].pid, signal.SIGKILL)
+    time.sleep(0.5)  # bash reaps it
+    job = find_job(str(fake_job.pid))
+    assert job.missing == (3,)
+
+
+@pytest.mark.parametrize("sel,exc", [("abc", BadSelector), ("pgid:x", BadSelector), ("1,x", BadSelector),
+                                     ("0", BadSelector), ("999999999", TargetGone)])
+def test_bad_selectors_raise(sel, exc):
+    with pytest.raises(exc):
+        find_job(sel)
+
+
+def test_a_process_that_is_no_job():
+    with pytest.raises(NoRanks):
+        find_job(str(os.getpid()))
+
+
+@pytest.mark.parametrize("sel,needle", [
+    ("999999999", "no process with pid 999999999"),
+    ("nonsense", "bad selector"),
+    (None, "no rank processes found"),
+])
+def test_cli_bad_input_is_one_line_exit_2(sel, needle):
+    out = scout("diagnose", "--job", sel or str(os.getpid()), "--window", "0.5")
+    assert out.returncode == 2
+    assert out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in out.stderr, out.stderr
