@@ -7,8 +7,8 @@ a little compute. Faults, on one rank at one step:
   --fault other_size  the bad rank all-reduces a tensor of a different size
   --fault hang        the bad rank sleeps forever before the step's collective
 
-It starts stepping once the file given by --go exists (so a probe can attach first), writes
-"RANK STEP" lines to --progress when given, and sleeps --hold seconds at the end.
+It starts stepping once the file given by --go exists (so a probe can attach first), rank 0 writes
+"STEPS SECONDS" to --out when given, and every rank sleeps --hold seconds at the end.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ def main() -> None:
     ap.add_argument("--go", default="")
     ap.add_argument("--hold", type=float, default=0.0)
     ap.add_argument("--width", type=int, default=64)
-    ap.add_argument("--seconds", type=float, default=0.0, help="run steps for this long instead")
     ap.add_argument("--out", default="", help="file to write 'steps seconds' to (rank 0)")
     a = ap.parse_args()
 
@@ -46,12 +45,7 @@ def main() -> None:
     dist.barrier()
     t0 = time.perf_counter()
     step = 0
-    while True:
-        if a.seconds:
-            if time.perf_counter() - t0 >= a.seconds:
-                break
-        elif step >= a.steps:
-            break
+    while step < a.steps:
         loss = model(x).pow(2).mean()
         loss.backward()
         weights = torch.cat([p.grad.flatten() for p in model[0].parameters()])

@@ -1,0 +1,59 @@
+"""scout-sys doctor: one line per prerequisite, the fix for the missing ones, exit 0 when usable."""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from scout_sys import doctor
+from tests._ebpf_jobs import ROOT, ebpf_skip_reason
+
+NAMES = ["privileges", "btf", "kernel headers", "debugfs/tracefs", "uprobes", "bcc", "py-spy", "ptrace", "nvml"]
+
+
+def test_one_line_per_check() -> None:
+    out = io.StringIO()
+    rc = doctor.run(out)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == len(NAMES) + 1
+    for line, name in zip(lines[:-1], NAMES, strict=True):
+        word, rest = line.split(None, 1)
+        assert word in ("OK", "MISSING", "OFF") and rest.startswith(name), line
+    bad = [c for c in doctor.checks() if c.needed and not c.ok]
+    assert rc == (1 if bad else 0)
+    for c in bad:  # every missing prerequisite says what to do
+        assert any(w in c.detail for w in ("run", "mount", "install", "use a kernel", "echo", "pip")), c
+
+
+@pytest.mark.skipif(ebpf_skip_reason() is not None, reason=f"eBPF prerequisites missing: {ebpf_skip_reason()}")
+def test_usable_here_after_setup() -> None:
+    """On a machine after `make` as root (CI): everything needed is usable, exit 0."""
+    assert doctor.run(io.StringIO()) == 0
+
+
+def _drop_all_capabilities() -> None:
+    """In the child before exec: empty the bounding set, so even uid 0 execs with no capability."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in range(64):
+        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP; EINVAL past the last capability
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop capabilities in a child")
+def test_unprivileged_gets_the_fix() -> None:
+    code = "import sys; from scout_sys import doctor; sys.exit(doctor.run())"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                       preexec_fn=_drop_all_capabilities)
+    assert p.returncode == 1, p.stdout + p.stderr
+    line = next(x for x in p.stdout.splitlines() if "privileges" in x)
+    assert line.startswith("MISSING") and "sudo" in line
+
+
+def test_nvml_absent_is_not_a_failure() -> None:
+    c = doctor.check_nvml()
+    if not c.ok:
+        assert not c.needed and "GPU signals off" in c.detail

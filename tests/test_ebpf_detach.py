@@ -1,0 +1,73 @@
+"""Probes are detached when the monitor dies, even by SIGKILL: bcc attaches uprobes through perf
+event fds (not the debugfs uprobe_events list), and the kernel frees them with the process."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests._ebpf_jobs import ROOT, ebpf_skip_reason
+from tests.test_ebpf_nccl import _libnccl
+
+REASON = ebpf_skip_reason()
+pytestmark = [pytest.mark.ebpf,
+              pytest.mark.skipif(REASON is not None, reason=f"eBPF unavailable: {REASON}"),
+              pytest.mark.skipif(_libnccl() is None, reason="nvidia-nccl-cu12 wheel not installed")]
+
+UPROBE_EVENTS = "/sys/kernel/debug/tracing/uprobe_events"
+
+
+def bpf_prog_ids() -> set[int]:
+    """Every loaded BPF program id (bpf(BPF_PROG_GET_NEXT_ID) until ENOENT)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    attr = (ctypes.c_uint32 * 4)()
+    ids, start = set(), 0
+    while True:
+        attr[0], attr[1] = start, 0
+        if libc.syscall(321, 11, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:  # __NR_bpf, PROG_GET_NEXT_ID
+            return ids
+        start = attr[1]
+        ids.add(start)
+
+
+def _kill(p: subprocess.Popen) -> None:
+    for fn in (os.killpg, os.kill):
+        try:
+            fn(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    p.wait(10)
+
+
+def test_sigkill_of_monitor_detaches_everything() -> None:
+    target = subprocess.Popen([sys.executable, str(ROOT / "tests" / "jobs" / "nccl_calls.py"), str(_libnccl())],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    monitor = None
+    try:
+        assert target.stdout is not None and target.stdout.readline().startswith("ready")
+        before = bpf_prog_ids()
+        monitor = subprocess.Popen([sys.executable, str(ROOT / "tests" / "jobs" / "probe_holder.py"), str(target.pid)],
+                                   stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
+                                   env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert monitor.stdout is not None
+        line = monitor.stdout.readline()
+        assert line.startswith("attached"), line
+        ours = bpf_prog_ids() - before
+        assert ours, "the monitor loaded no BPF program"
+        assert "scout" not in open(UPROBE_EVENTS).read()  # fd-based, nothing left in the debugfs list
+        monitor.send_signal(signal.SIGKILL)
+        monitor.wait(10)
+        deadline = time.monotonic() + 15
+        while ours & bpf_prog_ids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not ours & bpf_prog_ids(), "BPF programs outlived the SIGKILLed monitor"
+    finally:
+        if monitor is not None:
+            _kill(monitor)
+        _kill(target)
