@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from scout_sys import __version__
 from scout_sys.errors import ScoutError
@@ -29,6 +31,20 @@ examples:
   scout-sys demo --fault stop --rank 1 # rank 1 stops itself (SIGSTOP)
   scout-sys demo --fault desync        # rank 2 calls broadcast where the others all_reduce
   scout-sys demo --fault exit --launcher shell
+"""
+
+
+_WATCH_EPILOG = """\
+examples:
+  sudo scout-sys watch --job 12345                       # the dashboard
+  sudo scout-sys watch --job 12345 --headless            # one line per incident event
+  sudo scout-sys watch --job 12345 --headless --json     # one JSON object per line
+  sudo scout-sys watch --job 12345 --stall-after 30      # a job with long, legitimate pauses
+
+events (--json): {"event": "incident_opened" | "incident_updated" | "incident_closed",
+                  "time": <unix s>, "incident": {...same object as diagnose...}, "bundle": <path>}
+exit status: 0 the job ended without incidents, 1 incidents were opened, 2 could not watch.
+SIGINT / SIGTERM stop the watch cleanly (probes detached).
 """
 
 
@@ -59,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--native", action="store_true",
                    help="once a hang is confirmed, add native stacks of the origin ranks (pauses them briefly)")
     d.add_argument("-q", "--quiet", action="store_true", help="verdict only, no evidence")
+    d.add_argument("--ebpf", action="store_true",
+                   help="also attach the eBPF probes (collective sequence numbers, exits and signals) before "
+                        "the window; compiling them adds several seconds (see docs/ebpf.md)")
 
     dm = sub.add_parser("demo", help="start a 4-rank demo job with one faulty rank, diagnose it, stop it",
                         epilog=_DEMO_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,20 +89,38 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--window", type=float, default=3.0, metavar="SECONDS")
     dm.add_argument("--json", action="store_true")
 
+    w = sub.add_parser("watch", help="follow the job live: open, update and close incidents as it runs",
+                       description="Watch a running job until it ends. On a terminal it opens the dashboard; "
+                                   "with --headless (or without a terminal) it prints one line per event.",
+                       epilog=_WATCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _job_options(w)
+    w.add_argument("--stall-after", type=float, default=None, metavar="SECONDS",
+                   help="call the job hung after this long without progress (default: adapts to the job, "
+                        "4x its longest healthy pause, at least 5 s)")
+    w.add_argument("--interval", type=float, default=0.5, metavar="SECONDS", help="poll period (default: 0.5)")
+    w.add_argument("--headless", action="store_true", help="print events instead of drawing the dashboard")
+    w.add_argument("--json", action="store_true", help="with --headless: one JSON object per line per event")
+    w.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="where evidence bundles go (default: /var/lib/scout-sys as root, else ~/.local/state/scout-sys)")
+    w.add_argument("--no-ebpf", action="store_true", help="do not attach the eBPF probes")
+
     sub.add_parser("doctor", help="check eBPF, py-spy, ptrace and NVML prerequisites and say how to fix them")
     return p
 
 
-def _diagnose(job_sel: str, window: float, *, as_json: bool, native: bool, quiet: bool) -> int:
+def _diagnose(job_sel: str, window: float, *, as_json: bool, native: bool, quiet: bool, ebpf: bool) -> int:
     from scout_sys.job import find_job
-    from scout_sys.monitor import Monitor
+    from scout_sys.monitor import Monitor, default_extra_probes
     from scout_sys.report import render, to_json
 
     if window <= 0:
         raise ScoutError("--window must be positive")
     job = find_job(job_sel)
-    with Monitor(job) as mon:
+    with Monitor(job, extra_probes=default_extra_probes() if ebpf else ()) as mon:
+        mon.wait_started()
         d = mon.diagnose(window, native=native)
+    if not ebpf:
+        d = replace(d, probes={**d.probes, "ebpf": "not requested (--ebpf)"})
     print(to_json(d) if as_json else render(d, verbose=not quiet))
     return EXIT_OK if d.healthy else EXIT_INCIDENT
 
@@ -118,6 +155,58 @@ def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK if named == {args.rank} else EXIT_INCIDENT
 
 
+def _watch(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from scout_sys.monitor import Event, Watcher
+    from scout_sys.report import printable
+
+    if args.interval <= 0 or (args.stall_after is not None and args.stall_after <= 0):
+        raise ScoutError("--interval and --stall-after must be positive")
+    watcher = Watcher(args.job, interval=args.interval, stall_after=args.stall_after, state_dir=args.state_dir,
+                      ebpf=not args.no_ebpf)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    watcher.start()
+    try:
+        if not args.headless and not args.json and sys.stdout.isatty():
+            try:
+                from scout_sys.tui.app import run_dashboard
+            except ImportError:
+                run_dashboard = None
+            if run_dashboard is not None:
+                return run_dashboard(watcher)
+
+        def emit(e: Event) -> None:
+            if args.json:
+                print(json.dumps(e.to_json()), flush=True)
+                return
+            inc = e.incident
+            word = e.event.removeprefix("incident_").upper()
+            line = f"{time.strftime('%H:%M:%S', time.localtime(e.time))} {word} {inc.id} {inc.kind} ({inc.status})"
+            if inc.ranks:
+                line += f" rank{'s' if len(inc.ranks) > 1 else ''} {','.join(map(str, inc.ranks))}"
+            print(printable(f"{line}: {inc.summary}"), flush=True)
+            if e.bundle:
+                print(printable(f"  evidence saved to {e.bundle}"), flush=True)
+
+        if not args.json:
+            job = watcher.job
+            assert job is not None
+            print(f"watching {job.world_size} ranks ({len(job.ranks)} on {job.host}), launcher {job.launcher} "
+                  f"pid {job.launcher_pid}; Ctrl-C to stop", flush=True)
+        try:
+            rc = watcher.run(emit, stop)
+        except KeyboardInterrupt:
+            rc = 1 if watcher.ever_opened else 0
+        if not args.json:
+            print("job ended" if watcher.ended else "watch stopped", flush=True)
+        return rc
+    finally:
+        watcher.close()
+
+
 def _doctor() -> int:
     try:
         from scout_sys import doctor
@@ -134,9 +223,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     try:
         if args.cmd == "diagnose":
-            return _diagnose(args.job, args.window, as_json=args.json, native=args.native, quiet=args.quiet)
+            return _diagnose(args.job, args.window, as_json=args.json, native=args.native, quiet=args.quiet,
+                             ebpf=args.ebpf)
         if args.cmd == "demo":
             return _demo(args)
+        if args.cmd == "watch":
+            return _watch(args)
         if args.cmd == "doctor":
             return _doctor()
     except ScoutError as e:

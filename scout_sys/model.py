@@ -120,6 +120,7 @@ class ProcSample:
     status: str  # psutil status names, plus "gone" when the process no longer exists
     cpu_time: float = 0.0  # user + system, whole process, seconds
     main_cpu_ns: int | None = None  # on-CPU time of the main thread (schedstat), ns
+    main_delay_ns: int | None = None  # main thread runnable but not running (run queue, CPU quota), ns
     main_last_ran: float | None = None  # unix time the main thread last ran (sched exec_start)
     ctx_switches: int = 0
     num_threads: int = 0

@@ -2,8 +2,9 @@
 
 Cheap (a few file reads per rank) and never touches the job. Besides psutil it reads three raw files:
 
-- ``/proc/PID/task/PID/schedstat``: on-CPU nanoseconds of the *main thread* (a rank blocked in a
-  collective has a main thread that does not run at all, whatever its helper threads do);
+- ``/proc/PID/task/PID/schedstat``: on-CPU and run-queue nanoseconds of the *main thread* (a rank
+  blocked in a collective has a main thread that does not run at all, whatever its helper threads
+  do; a straggler's main thread is busy or waiting for a CPU while its peers sleep);
 - ``/proc/PID/task/PID/sched``: ``se.exec_start``, when the main thread last ran (hang onset);
 - ``/proc/PID/stat`` field 52: the exit status of a zombie.
 """
@@ -28,12 +29,14 @@ def _read(path: str) -> str | None:
         return None
 
 
-def main_thread_cpu_ns(pid: int, proc: str = PROC) -> int | None:
+def main_thread_schedstat(pid: int, proc: str = PROC) -> tuple[int | None, int | None]:
+    """(on-CPU ns, run-queue wait ns) of the main thread: the first two fields of schedstat."""
     raw = _read(f"{proc}/{pid}/task/{pid}/schedstat")
     try:
-        return int(raw.split()[0]) if raw else None
+        f = raw.split() if raw else []
+        return int(f[0]), int(f[1])
     except (ValueError, IndexError):
-        return None
+        return None, None
 
 
 def _exec_start_ms(raw: str | None) -> float | None:
@@ -130,6 +133,7 @@ class ProcfsProbe:
             return ProcSample(time=now, rank=rank, pid=pid, status="gone")
         except psutil.AccessDenied:
             return ProcSample(time=now, rank=rank, pid=pid, status="unknown")
+        main_cpu, main_delay = main_thread_schedstat(pid, self.proc)
         wchan = (_read(f"{self.proc}/{pid}/wchan") or "").strip()
         return ProcSample(
             time=now,
@@ -137,7 +141,8 @@ class ProcfsProbe:
             pid=pid,
             status=status,
             cpu_time=cpu.user + cpu.system,
-            main_cpu_ns=main_thread_cpu_ns(pid, self.proc),
+            main_cpu_ns=main_cpu,
+            main_delay_ns=main_delay,
             main_last_ran=main_thread_last_ran(pid, self.proc, now),
             ctx_switches=ctx.voluntary + ctx.involuntary,
             num_threads=nthreads,

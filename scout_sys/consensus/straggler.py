@@ -1,0 +1,203 @@
+"""Straggler rules: the rank every step waits for, from robust statistics across equivalent peers.
+
+Two measures per rank and per window, the first available wins:
+
+- ``lag`` (eBPF collective probe): how long after the first rank this rank enters the same
+  collective (same group, same sequence number), median over the window. The straggler arrives last.
+- ``busy`` (procfs): the fraction of the window the rank's main thread was on a CPU or waiting for
+  one (schedstat: on-CPU + run-queue time, which includes CPU-quota throttling). Peers of a
+  straggler sleep in the collective waiting for it; the straggler waits least.
+
+A rank is an outlier in a window when its measure exceeds the peers' median by more than
+``max(K_MAD * 1.4826 * MAD, floor)``; C3 then needs a strict majority of non-outliers. A straggler
+incident needs the same rank(s) in ``CONFIRM`` consecutive windows, so one slow step (a checkpoint,
+a garbage collection) opens nothing.
+
+Pure: no I/O, no clocks.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from scout_sys.consensus import c3
+from scout_sys.model import (
+    ATTRIBUTED,
+    STRAGGLER,
+    CollectiveSample,
+    Evidence,
+    Incident,
+    Job,
+    Observation,
+    ProcSample,
+)
+
+K_MAD = 4.0
+BUSY_FLOOR = 0.20  # fraction of the window
+LAG_FLOOR = 0.010  # seconds
+LAG_FLOOR_OF_PERIOD = 0.15
+CONFIRM = 3
+MIN_COMMON_COLLECTIVES = 3
+
+
+@dataclass(frozen=True)
+class WindowVerdict:
+    """One window's outliers (possibly none) and the numbers behind them."""
+
+    start: float
+    end: float
+    metric: str  # "lag" | "busy" | ""
+    values: dict[int, float] = field(default_factory=dict, hash=False, compare=False)
+    suspects: tuple[int, ...] = ()
+    median: float = 0.0
+    threshold: float = 0.0
+    period: float | None = None  # eBPF: median time between collectives
+    periods: dict[int, float] = field(default_factory=dict, hash=False, compare=False)  # per rank
+
+
+def periods(obs: Sequence[Observation], start: float, end: float) -> dict[int, float]:
+    """Per rank, the median time between its successive collective entries in [start, end]."""
+    seen: dict[tuple[int, str], dict[int, float]] = {}
+    for o in obs:
+        if isinstance(o, CollectiveSample):
+            for fp in o.recent:
+                if start <= fp.time <= end:
+                    seen.setdefault((o.rank, o.group), {})[fp.seq] = fp.time
+    out: dict[int, list[float]] = {}
+    for (rank, _g), by_seq in seen.items():
+        ts = sorted(by_seq.values())
+        out.setdefault(rank, []).extend(b - a for a, b in zip(ts, ts[1:], strict=False) if b > a)
+    return {r: statistics.median(v) for r, v in out.items() if v}
+
+
+def _lags(obs: Sequence[Observation], ranks: Sequence[int], start: float, end: float
+          ) -> tuple[dict[int, float], float | None]:
+    """Median arrival lag per rank over collectives entered in [start, end] by every rank."""
+    entries: dict[tuple[str, int], dict[int, float]] = {}
+    for o in obs:
+        if not isinstance(o, CollectiveSample) or o.rank not in ranks:
+            continue
+        for fp in o.recent:
+            if start <= fp.time <= end:
+                entries.setdefault((o.group, fp.seq), {})[o.rank] = fp.time
+    common = {k: v for k, v in entries.items() if len(v) == len(ranks)}
+    if len(common) < MIN_COMMON_COLLECTIVES:
+        return {}, None
+    per_rank: dict[int, list[float]] = {r: [] for r in ranks}
+    firsts = []
+    for times in common.values():
+        first = min(times.values())
+        firsts.append(first)
+        for r, t in times.items():
+            per_rank[r].append(t - first)
+    firsts.sort()
+    gaps = [b - a for a, b in zip(firsts, firsts[1:], strict=False) if b > a]
+    period = statistics.median(gaps) if gaps else None
+    return {r: statistics.median(v) for r, v in per_rank.items()}, period
+
+
+def _busy(obs: Sequence[Observation], ranks: Sequence[int]) -> dict[int, float]:
+    by_rank: dict[int, list[ProcSample]] = {}
+    for o in obs:
+        if isinstance(o, ProcSample) and o.rank in ranks and o.alive and o.main_cpu_ns is not None:
+            by_rank.setdefault(o.rank, []).append(o)
+    out = {}
+    for r, ps in by_rank.items():
+        ps.sort(key=lambda p: p.time)
+        a, b = ps[0], ps[-1]
+        dt = b.time - a.time
+        if dt <= 0 or b.main_cpu_ns is None or a.main_cpu_ns is None:
+            continue
+        ns = (b.main_cpu_ns - a.main_cpu_ns) + ((b.main_delay_ns or 0) - (a.main_delay_ns or 0))
+        out[r] = min(1.0, max(0.0, ns / 1e9 / dt))
+    return out
+
+
+def _outliers(values: Mapping[int, float], floor: float) -> tuple[tuple[int, ...], float, float]:
+    med = statistics.median(values.values())
+    mad = statistics.median(abs(v - med) for v in values.values())
+    threshold = med + max(K_MAD * 1.4826 * mad, floor)
+    flagged = {r: v > threshold for r, v in values.items()}
+    vote = c3.vote(flagged)
+    if vote.attributed and vote.signature is False:
+        return vote.minority, med, threshold
+    return (), med, threshold
+
+
+def window_verdict(job: Job, obs: Sequence[Observation], start: float, end: float) -> WindowVerdict:
+    """The outliers of one window, across the job's peer groups (the first group with data)."""
+    for group in job.groups():
+        live = [r for r in group if r in job.by_rank()]
+        if len(live) < 3:
+            continue  # two ranks cannot outvote each other
+        lags, period = _lags(obs, live, start, end)
+        if lags:
+            floor = max(LAG_FLOOR, LAG_FLOOR_OF_PERIOD * (period or 0.0))
+            sus, med, thr = _outliers(lags, floor)
+            return WindowVerdict(start, end, "lag", lags, sus, med, thr, period, periods(obs, start, end))
+        busy = _busy(obs, live)
+        if len(busy) == len(live):
+            sus, med, thr = _outliers(busy, BUSY_FLOOR)
+            return WindowVerdict(start, end, "busy", busy, sus, med, thr, None, periods(obs, start, end))
+    return WindowVerdict(start, end, "")
+
+
+def confirm(job: Job, history: Sequence[WindowVerdict], k: int = CONFIRM) -> Incident | None:
+    """A straggler incident when the last ``k`` windows name the same rank(s)."""
+    if len(history) < k:
+        return None
+    last = history[-k:]
+    common = set(last[0].suspects)
+    for w in last[1:]:
+        common &= set(w.suspects)
+    if not common:
+        return None
+    ranks = tuple(sorted(common))
+    w = last[-1]
+    peers = [r for r in w.values if r not in common]
+    src = "ebpf" if w.metric == "lag" else "procfs"
+    ev = []
+    for r in ranks:
+        vals = [round(x.values.get(r, 0.0), 4) for x in last]
+        ev.append(Evidence(src, _rank_text(w, r), rank=r,
+                           data={"metric": w.metric, "values": vals, "peer_median": round(w.median, 4),
+                                 "threshold": round(w.threshold, 4)}))
+    ev.append(Evidence(src,
+                       f"{len(peers)} peers: median {_fmt(w.metric, w.median)}",
+                       data={"per_rank": {str(r): round(v, 4) for r, v in sorted(w.values.items())}}))
+    return Incident(
+        kind=STRAGGLER,
+        status=ATTRIBUTED,
+        ranks=ranks,
+        hosts=tuple(sorted({job.host_of(r) for r in ranks})),
+        since=last[0].start,
+        summary=_summary(w, ranks, k),
+        evidence=tuple(ev),
+    )
+
+
+def _fmt(metric: str, v: float) -> str:
+    return f"{v * 1000:.0f} ms late" if metric == "lag" else f"{v * 100:.0f}% busy"
+
+
+def _rank_text(w: WindowVerdict, r: int) -> str:
+    v = w.values.get(r, 0.0)
+    if w.metric == "lag":
+        return f"rank {r} enters collectives {v * 1000:.0f} ms after the first rank (peers: {w.median * 1000:.0f} ms)"
+    return (f"rank {r}'s main thread is on or waiting for a CPU {v * 100:.0f}% of the time; "
+            f"its peers {w.median * 100:.0f}% (they sleep waiting for it)")
+
+
+def _summary(w: WindowVerdict, ranks: tuple[int, ...], k: int) -> str:
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+    worst = max(w.values.get(r, 0.0) for r in ranks)
+    if w.metric == "lag" and w.period:
+        slow = (worst - w.median) / w.period
+        return (f"{who} is a straggler: every collective waits {(worst - w.median) * 1000:.0f} ms for it, "
+                f"about {100 * slow:.0f}% of a {w.period * 1000:.0f} ms step, in {k} windows in a row")
+    if w.metric == "lag":
+        return f"{who} is a straggler: it enters collectives {(worst - w.median) * 1000:.0f} ms after its peers"
+    return (f"{who} is a straggler: busy {worst * 100:.0f}% of the time while its peers are busy "
+            f"{w.median * 100:.0f}% and wait for it the rest, in {k} windows in a row")
