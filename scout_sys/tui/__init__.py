@@ -1,0 +1,1 @@
+"""The terminal dashboard (textual). It renders Source snapshots and never probes."""

@@ -1,0 +1,494 @@
+"""``scout-sys watch``'s dashboard: the whole job at a glance, the culprit highlighted, the evidence
+one key away.
+
+The app renders :class:`~scout_sys.tui.source.Source` snapshots. Polling runs in a worker thread that
+never touches widgets: it posts :class:`Polled` back, and the next poll is armed (``set_timer``) only
+after that message was handled, so polls never overlap; snapshots that arrive faster than the screen
+refreshes are merged (only the newest is drawn). The source is called from one thread at a time
+(polls and ``diagnose now`` share a lock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widgets import Footer, Input, Tree
+
+from scout_sys.errors import ScoutError, TargetGone
+from scout_sys.model import Diagnosis, Incident
+from scout_sys.report import printable, render
+from scout_sys.tui.source import Source, save_report
+from scout_sys.tui.state import category, compress, group_stacks, parse_filter, suspects
+from scout_sys.tui.widgets import (
+    Cell,
+    DevicePanel,
+    HeaderBar,
+    IncidentTree,
+    Legend,
+    RankGrid,
+    StackTree,
+    TextScreen,
+    TimingPanel,
+    help_text,
+    incident_details,
+    rank_details,
+)
+
+EXIT_OK, EXIT_INCIDENT = 0, 1
+TIMING_ROWS = 8
+
+
+class Polled(Message):
+    """A poll finished (in the worker): the new snapshot and events, or the error."""
+
+    def __init__(self, snapshot: Any, events: Sequence[Any], error: BaseException | None, took: float) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+        self.events = events
+        self.error = error
+        self.took = took
+
+
+class Diagnosed(Message):
+    def __init__(self, diagnosis: Diagnosis | None, error: BaseException | None) -> None:
+        super().__init__()
+        self.diagnosis = diagnosis
+        self.error = error
+
+
+class Saved(Message):
+    def __init__(self, paths: tuple[str, str] | None, error: BaseException | None) -> None:
+        super().__init__()
+        self.paths = paths
+        self.error = error
+
+
+class ScoutApp(App[int]):
+    CSS_PATH = "scout.tcss"
+    TITLE = "scout-sys"
+    AUTO_FOCUS = "RankGrid"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("d", "diagnose", "diagnose now"),
+        Binding("s", "save", "save report"),
+        Binding("slash", "filter", "filter"),
+        Binding("enter", "details", "details"),
+        Binding("question_mark", "help", "help"),
+        Binding("q", "quit", "quit"),
+        Binding("escape", "clear_filter", "clear filter", show=False),
+    ]
+
+    snapshot: reactive[Any] = reactive(None, always_update=True, init=False)
+    filter_text: reactive[str] = reactive("", init=False)
+    selected: reactive[int | None] = reactive(None, init=False)
+    note: reactive[str] = reactive("", init=False)
+
+    def __init__(self, source: Source, *, interval: float | None = None, save_dir: str | None = None,
+                 handle_sigterm: bool = False) -> None:
+        super().__init__()
+        self.handle_sigterm = handle_sigterm
+        self.source = source
+        self.live = bool(getattr(source, "live", True))
+        self.interval = float(interval if interval is not None else getattr(source, "interval", 0.5) or 0.5)
+        self.save_dir = save_dir or getattr(source, "state_dir", None)
+        self._lock = threading.Lock()  # one call into the source at a time
+        self._pending: Any = None
+        self._apply_armed = False
+        self._polling = False
+        self._diagnosing = False
+        self._error: str | None = None
+        self._user_selected = False
+        self.incidents_seen: set[str] = set()
+        self.last_diagnosis: Diagnosis | None = None
+        self.last_saved: tuple[str, str] | None = None
+        self.polls = 0
+        self._visible: list[int] = []
+
+    # ------------------------------------------------------------------ layout
+    def compose(self) -> ComposeResult:
+        yield HeaderBar(id="header")
+        with Horizontal(id="body"):
+            with Vertical(id="left"):
+                with VerticalScroll(id="grid-scroll") as g:
+                    g.border_title = "ranks"
+                    g.can_focus = False
+                    yield RankGrid(id="grid")
+                yield Legend(id="legend")
+                t = TimingPanel(id="timing")
+                t.border_title = "timing"
+                yield t
+                dv = DevicePanel(id="devices", classes="-empty")
+                dv.border_title = "devices (NVML)"
+                yield dv
+            with Vertical(id="right"):
+                it = IncidentTree(id="incidents")
+                it.border_title = "incidents"
+                yield it
+                st = StackTree(id="stacks")
+                st.border_title = "stacks (main thread, innermost first)"
+                yield st
+        yield Input(placeholder="filter: 3  0-15  waiting  suspect  host:NAME   (enter: apply, escape: clear)",
+                    id="filter")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        if self.handle_sigterm:  # `watch` ends cleanly on SIGTERM, dashboard or not
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._on_sigterm)
+        first = getattr(self.source, "snapshot", None)
+        if first is not None:
+            self.snapshot = first
+        else:
+            self.query_one(HeaderBar).update(Text(" scout-sys  waiting for the first poll…"))
+        if self.live:
+            self._arm_poll(0.0)
+
+    # ------------------------------------------------------------------ polling (worker thread)
+    def _arm_poll(self, delay: float) -> None:
+        self.set_timer(max(0.01, delay), self._start_poll)
+
+    def _start_poll(self) -> None:
+        if self._polling:
+            return
+        self._polling = True
+        self._poll()
+
+    @work(thread=True, group="poll", exit_on_error=False)
+    def _poll(self) -> None:
+        t0 = time.monotonic()
+        try:
+            with self._lock:
+                events = list(self.source.poll())
+                snap = self.source.snapshot
+            self.post_message(Polled(snap, events, None, time.monotonic() - t0))
+        except Exception as e:  # noqa: BLE001 - shown in the header; polling goes on
+            self.post_message(Polled(None, [], e, time.monotonic() - t0))
+
+    def on_polled(self, msg: Polled) -> None:
+        self._polling = False
+        self.polls += 1
+        ended = False
+        if msg.error is not None:
+            self._error = f"{type(msg.error).__name__}: {msg.error}"
+            ended = isinstance(msg.error, TargetGone)
+        else:
+            self._error = None
+            for ev in msg.events:
+                self._on_event(ev)
+            if msg.snapshot is not None:
+                self.push_snapshot(msg.snapshot)
+                ended = bool(getattr(msg.snapshot, "ended", False))
+        if ended:
+            self.note = "job ended"
+            self._refresh_header()
+            return
+        delay = self.interval - msg.took if msg.error is None else max(self.interval, 2.0)
+        self._arm_poll(delay)
+
+    def _on_event(self, ev: Any) -> None:
+        inc: Incident = ev.incident
+        self.incidents_seen.add(inc.id or inc.kind)
+        what = f"{inc.kind} ({inc.status})" + (f" ranks {compress(inc.ranks)}" if inc.ranks else "")
+        if ev.event == "incident_opened":
+            self.bell()
+            self.notify(f"incident opened: {what}\n{inc.summary}", severity="error", markup=False, timeout=8)
+        elif ev.event == "incident_closed":
+            self.notify(f"incident closed: {what}", markup=False, timeout=5)
+
+    def push_snapshot(self, snap: Any) -> None:
+        """Show ``snap``; bursts are merged: only the newest snapshot of a refresh is drawn."""
+        self._pending = snap
+        if not self._apply_armed:
+            self._apply_armed = True
+            self.call_after_refresh(self._apply_pending)
+
+    def _apply_pending(self) -> None:
+        self._apply_armed = False
+        snap, self._pending = self._pending, None
+        if snap is not None:
+            self.snapshot = snap
+
+    # ------------------------------------------------------------------ rendering
+    def watch_snapshot(self, s: Any) -> None:
+        if s is None:
+            return
+        for inc in (*s.incidents, *s.closed):
+            self.incidents_seen.add(inc.id or f"{inc.kind}:{inc.ranks}")
+        sus = suspects(s.incidents)
+        if not self._user_selected and sus and self.selected not in sus:
+            self.selected = min(sus)
+            self.query_one(RankGrid).selected = self.selected
+        self._render_all(s)
+
+    def watch_filter_text(self, _: str) -> None:
+        if self.snapshot is not None:
+            self._render_all(self.snapshot)
+
+    def watch_selected(self, _: int | None) -> None:
+        if self.snapshot is not None:
+            self._render_timing(self.snapshot, suspects(self.snapshot.incidents), self._visible)
+
+    def watch_note(self, _: str) -> None:
+        self._refresh_header()
+
+    def _render_all(self, s: Any) -> None:
+        sus = suspects(s.incidents)
+        match = parse_filter(self.filter_text)
+        by_rank = s.job.by_rank()
+        everyone = sorted(set(by_rank) | set(s.job.missing) | set(s.views))
+        hosts: dict[str, list[Cell]] = {}
+        counts: dict[str, int] = {}
+        visible: list[int] = []
+        for r in everyone:
+            rk = by_rank.get(r)
+            host = rk.host if rk else s.job.host
+            cat = category(s.views.get(r), r in sus)
+            if rk is None and r in s.job.missing and r not in s.views:
+                cat = "suspect" if r in sus else "exited"
+            counts[cat] = counts.get(cat, 0) + 1
+            if match is not None and not match(r, host, cat):
+                continue
+            visible.append(r)
+            hosts.setdefault(host, []).append(Cell(r, cat))
+        self._visible = visible
+        self.query_one(RankGrid).set_cells(list(hosts.items()))
+        self.query_one(Legend).show(counts, len(visible), len(everyone))
+        self.query_one(IncidentTree).show_incidents(s.incidents, s.closed, s.time)
+        stacks = s.stacks or {r: v.stack for r, v in s.views.items() if v.stack}
+        self.query_one(StackTree).show_groups(group_stacks(stacks, suspect=sus,
+                                                           ranks=visible if match is not None else None))
+        self._render_timing(s, sus, visible)
+        self._refresh_header()
+
+    def _timing_ranks(self, s: Any, sus: frozenset[int], visible: Sequence[int]) -> list[int]:
+        rows: list[int] = sorted(sus)
+        if self.selected is not None and self.selected not in rows:
+            rows.append(self.selected)
+        vis = set(visible)
+        slow = sorted((r for r, v in s.step_times.items() if v and r in vis), key=lambda r: -s.step_times[r][-1])
+        for r in slow:
+            if len(rows) >= TIMING_ROWS - 1:
+                break
+            if r not in rows:
+                rows.append(r)
+        return rows
+
+    def _render_timing(self, s: Any, sus: frozenset[int], visible: Sequence[int]) -> None:
+        rows = self._timing_ranks(s, sus, visible)
+        steps = dict(s.step_times)
+        waits = dict(s.wait_fractions)
+        if steps:
+            steps[-1] = _median_series(s.step_times.values())
+            waits[-1] = _median_series(s.wait_fractions.values())
+            rows.append(-1)
+        self.query_one(TimingPanel).show(steps, waits, rows, suspect=sus)
+        dev = self.query_one(DevicePanel)
+        dev.set_class(not s.devices, "-empty")
+        if s.devices:
+            drows = [r for r in rows if r >= 0] or sorted(s.devices)[:TIMING_ROWS]
+            dev.show(s.devices, drows, suspect=sus)
+
+    def overall(self) -> tuple[str, str]:
+        s = self.snapshot
+        if self._error:
+            return f"ERROR {self._error}", "bold white on dark_orange3"
+        if s is None:
+            return "STARTING", "bold"
+        if s.incidents:
+            first = s.incidents[0]
+            what = f"INCIDENT {first.kind}"
+            if first.ranks:
+                what += f" rank{'s' if len(first.ranks) != 1 else ''} {compress(first.ranks)}"
+            else:
+                what += f" ({first.status})"
+            if len(s.incidents) > 1:
+                what += f" +{len(s.incidents) - 1} more"
+            return what, "bold white on red"
+        if s.ended:
+            return "JOB ENDED", "bold white on grey35"
+        return "HEALTHY", "bold black on green"
+
+    def _refresh_header(self) -> None:
+        s = self.snapshot
+        if s is None:
+            return
+        status, style = self.overall()
+        note = self.note
+        if s.bundle:
+            note = (note + " · " if note else "") + f"evidence bundle {s.bundle}"
+        if not self.live and getattr(self.source, "path", None):
+            note = (note + " · " if note else "") + f"report {self.source.path}"  # type: ignore[attr-defined]
+        self.query_one(HeaderBar).show(s, status=status, status_style=style, live=self.live, note=note)
+
+    # ------------------------------------------------------------------ interaction
+    def on_rank_grid_selected(self, msg: RankGrid.Selected) -> None:
+        self._user_selected = True
+        self.selected = msg.rank
+        if msg.open_details:
+            self._rank_details(msg.rank)
+
+    def _rank_details(self, rank: int) -> None:
+        if self.snapshot is not None:
+            self.push_screen(TextScreen(f"rank {rank}", rank_details(self.snapshot, rank)))
+
+    def on_tree_node_selected(self, msg: Tree.NodeSelected[Any]) -> None:
+        data = msg.node.data
+        if isinstance(data, tuple) and data and data[0] in ("incident", "evidence") and self.snapshot is not None:
+            inc: Incident = data[2]
+            self.push_screen(TextScreen(f"incident {inc.kind}", incident_details(inc, self.snapshot.time)))
+
+    def action_details(self) -> None:
+        focused = self.focused
+        if isinstance(focused, Tree):
+            focused.action_select_cursor()
+            return
+        rank = self.selected
+        if rank is None and self.snapshot is not None:
+            sus = suspects(self.snapshot.incidents)
+            rank = min(sus) if sus else (self._visible[0] if self._visible else None)
+        if rank is not None:
+            self._rank_details(rank)
+
+    def action_help(self) -> None:
+        t = help_text()
+        s = self.snapshot
+        if s is not None and s.probes:
+            t.append("\nprobes\n", "bold")
+            for name, reason in sorted(s.probes.items()):
+                t.append(f"  {printable(name):<12} ")
+                t.append("on" if reason is None else f"off: {printable(reason)}", "green" if reason is None else "red")
+                t.append("\n")
+        self.push_screen(TextScreen("help", t))
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.add_class("-visible")
+        box.value = self.filter_text
+        box.focus()
+
+    def on_input_changed(self, msg: Input.Changed) -> None:
+        if msg.input.id == "filter":
+            self.filter_text = msg.value
+
+    def on_input_submitted(self, msg: Input.Submitted) -> None:
+        if msg.input.id == "filter":
+            self.filter_text = msg.value
+            msg.input.remove_class("-visible")
+            self.query_one(RankGrid).focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.value = ""
+        box.remove_class("-visible")
+        self.filter_text = ""
+        self.query_one(RankGrid).focus()
+
+    def action_diagnose(self) -> None:
+        if self._diagnosing:
+            self.notify("a diagnosis is already running", markup=False)
+            return
+        self._diagnosing = True
+        self.note = "diagnosing…"
+        self._diagnose()
+
+    @work(thread=True, group="diagnose", exit_on_error=False)
+    def _diagnose(self) -> None:
+        try:
+            with self._lock:
+                d = self.source.diagnose_now(3.0)
+            self.post_message(Diagnosed(d, None))
+        except Exception as e:  # noqa: BLE001 - reported to the person, the dashboard goes on
+            self.post_message(Diagnosed(None, e))
+
+    def on_diagnosed(self, msg: Diagnosed) -> None:
+        self._diagnosing = False
+        self.note = ""
+        if msg.error is not None or msg.diagnosis is None:
+            self.notify(f"diagnose failed: {msg.error}", severity="error", markup=False)
+            return
+        self.last_diagnosis = msg.diagnosis
+        for inc in msg.diagnosis.incidents:
+            self.incidents_seen.add(inc.id or f"{inc.kind}:{inc.ranks}")
+        verdict = "healthy" if msg.diagnosis.healthy else f"{len(msg.diagnosis.incidents)} incident(s)"
+        self.push_screen(TextScreen(f"diagnosis: {verdict}", Text(render(msg.diagnosis))))
+
+    def action_save(self) -> None:
+        if self.snapshot is None:
+            self.notify("nothing to save yet", markup=False)
+            return
+        self._save(self.snapshot)
+
+    @work(thread=True, group="save", exit_on_error=False)
+    def _save(self, snap: Any) -> None:
+        try:
+            self.post_message(Saved(save_report(snap, self.save_dir), None))
+        except (OSError, ScoutError) as e:
+            self.post_message(Saved(None, e))
+
+    def on_saved(self, msg: Saved) -> None:
+        if msg.paths is None:
+            self.notify(f"could not save the report: {msg.error}", severity="error", markup=False)
+            return
+        self.last_saved = msg.paths
+        self.notify(f"report saved: {msg.paths[0]}\n{msg.paths[1]}", markup=False, timeout=8)
+
+    async def action_quit(self) -> None:
+        self.exit(self.exit_status())
+
+    def exit_status(self) -> int:
+        seen = self.incidents_seen or bool(getattr(self.source, "ever_opened", False))
+        return EXIT_INCIDENT if seen else EXIT_OK
+
+    def _on_sigterm(self) -> None:
+        self.exit(self.exit_status())
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """After the app exited: wait until no call into the source is in flight (then it may be closed)."""
+        if self._lock.acquire(timeout=timeout):
+            self._lock.release()
+            return True
+        return False
+
+
+def _median_series(series: Any, width: int = 16) -> tuple[float, ...]:
+    """The newest ``width`` positions, each the median over ranks (sequences aligned at their end)."""
+    tails = [tuple(s[-width:]) for s in series if s]
+    if not tails:
+        return ()
+    n = max(len(t) for t in tails)
+    if any(len(t) != n for t in tails):
+        tails = [(None,) * (n - len(t)) + t for t in tails]
+    return tuple(statistics.median(v for v in col if v is not None) for col in zip(*tails, strict=True))
+
+
+def make_app(source: Source, *, interval: float | None = None, save_dir: str | None = None,
+             handle_sigterm: bool = False) -> ScoutApp:
+    """The dashboard over ``source`` (a started Watcher, a ReportSource, or any Source)."""
+    return ScoutApp(source, interval=interval, save_dir=save_dir, handle_sigterm=handle_sigterm)
+
+
+def run_dashboard(source: Source, *, save_dir: str | None = None) -> int:
+    """Run the dashboard in this terminal until ``q``; 0 if no incident was seen, 1 otherwise.
+
+    ``source`` must be started (``Watcher.start()``); closing it stays with the caller, which may do
+    so as soon as this returns (no poll is in flight any more). SIGTERM quits like ``q``. The
+    dashboard stays open after the job ended, so that its evidence can still be read and saved.
+    """
+    app = make_app(source, save_dir=save_dir, handle_sigterm=True)
+    rc = app.run()
+    app.wait_idle()
+    return rc if isinstance(rc, int) else app.exit_status()
+
+
+__all__ = ["EXIT_INCIDENT", "EXIT_OK", "ScoutApp", "make_app", "printable", "run_dashboard"]
