@@ -46,6 +46,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fault-rank", type=int, default=2)
     p.add_argument("--fault-step", type=int, default=5)
     p.add_argument("--exit-code", type=int, default=3)
+    p.add_argument("--fault-once", action="store_true",
+                   help="inject the fault only in the first attempt (TORCHELASTIC_RESTART_COUNT=0)")
     p.add_argument("--slow-factor", type=float, default=4.0, help="slow: step takes this many times longer")
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--checkpoint-seconds", type=float, default=1.0)
@@ -160,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(1000 + rank)
     ckpt = os.path.join(tempfile.gettempdir(), f"scout-demo-ckpt-{os.getpid()}.pt")
     mine = rank == args.fault_rank
+    if args.fault_once and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        mine = False
     if rank == 0:
         mark("start", world=world, pid=os.getpid())
     step = 0

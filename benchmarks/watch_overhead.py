@@ -1,0 +1,73 @@
+"""What `scout-sys watch` costs: the job's throughput with vs without a watch beside it, and the
+watch's own CPU and memory, on an 8-rank demo job (targets: ratio >= 0.99, < 5% of one core,
+< 200 MB RSS).
+
+Runs alternate (without, with, without, with, ...) on the same job so that drift on a shared machine
+hits both sides alike; the ratio of the medians is reported. ``--no-ebpf`` measures procfs+stacks
+alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+
+from scout_sys.demo.launch import DemoJob
+
+
+def _steps(job: DemoJob) -> int:
+    found = re.findall(r"SCOUT-DEMO step step=(\d+)", job.log())
+    return int(found[-1]) if found else 0
+
+
+def _rate(job: DemoJob, seconds: float) -> float:
+    s0, t0 = _steps(job), time.time()
+    time.sleep(seconds)
+    return (_steps(job) - s0) / (time.time() - t0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nproc", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=15.0, help="measured seconds per run")
+    ap.add_argument("--no-ebpf", action="store_true")
+    a = ap.parse_args()
+    rates: dict[str, list[float]] = {"without": [], "with": []}
+    cpu, rss = [], []
+    with DemoJob(a.nproc, args=["--log-every", "1", "--step-time", "0.05"]) as job, \
+            tempfile.TemporaryDirectory() as state:
+        job.wait_steps(5, timeout=180)
+        for _ in range(a.rounds):
+            rates["without"].append(_rate(job, a.seconds))
+            cmd = [sys.executable, "-m", "scout_sys", "watch", "--job", str(job.pid), "--headless", "--json",
+                   "--state-dir", state] + (["--no-ebpf"] if a.no_ebpf else [])
+            w = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            p = psutil.Process(w.pid)
+            time.sleep(10)  # let the probes attach; their one-off compile is not the steady cost
+            c0 = p.cpu_times()
+            t0 = time.time()
+            rates["with"].append(_rate(job, a.seconds))
+            c1 = p.cpu_times()
+            cpu.append(100 * ((c1.user + c1.system) - (c0.user + c0.system)) / (time.time() - t0))
+            rss.append(p.memory_info().rss / 2**20)
+            w.terminate()
+            w.wait(30)
+    w_, wo = statistics.median(rates["with"]), statistics.median(rates["without"])
+    mode = "procfs+stacks" if a.no_ebpf else "procfs+stacks+eBPF"
+    print(f"watch ({mode}) beside a {a.nproc}-rank job, {a.rounds} alternating rounds of {a.seconds:g} s:")
+    print(f"  job throughput with/without watch: {w_:.2f} / {wo:.2f} steps/s = ratio {w_ / wo:.3f} (target >= 0.99)")
+    print(f"  watch CPU: median {statistics.median(cpu):.1f}% of one core (target < 5%)")
+    print(f"  watch RSS: max {max(rss):.0f} MB (target < 200 MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""watch against real jobs: hang onset, stragglers (extra compute, CPU quota), healthy jobs with and
+without periodic checkpoint pauses, elastic restarts, SIGTERM. Jobs are killed at teardown."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from scout_sys.job import find_job
+from scout_sys.model import ATTRIBUTED, HANG, STRAGGLER
+from scout_sys.monitor import Watcher
+
+pytestmark = pytest.mark.slow
+
+
+class WatchCli:
+    """``scout-sys watch --headless --json`` in a subprocess; events collected by a reader thread."""
+
+    def __init__(self, job_pid: int, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "scout_sys", "watch", "--job", str(job_pid),
+                                      "--headless", "--json", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.events: list[dict] = []
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.events.append(json.loads(line))
+
+    def wait_event(self, pred, timeout: float) -> dict:
+        end = time.time() + timeout
+        while time.time() < end:
+            for e in self.events:
+                if pred(e):
+                    return e
+            if self.proc.poll() is not None and not self._t.is_alive():
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"no such event in {timeout}s; got {self.events}; stderr: "
+                             f"{self.proc.stderr.read() if self.proc.poll() is not None else ''}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+@pytest.fixture
+def watch_cli():
+    started: list[WatchCli] = []
+
+    def _start(pid: int, *args: str) -> WatchCli:
+        w = WatchCli(pid, *args)
+        started.append(w)
+        return w
+
+    yield _start
+    for w in started:
+        w.stop()
+
+
+def _poll_until(w: Watcher, pred, timeout: float, interval: float = 0.5) -> list:
+    seen = []
+    end = time.time() + timeout
+    while time.time() < end:
+        evs = w.poll()
+        seen += evs
+        if any(pred(e) for e in evs):
+            return seen
+        time.sleep(interval)
+    raise AssertionError(f"not within {timeout}s: {[(e.event, e.incident.kind, e.incident.ranks) for e in seen]}")
+
+
+def test_hang_during_watch_opens_with_the_origin_and_keeps_its_evidence(start_job, watch_cli, tmp_path):
+    job = start_job(4, fault="hang", fault_rank=2, fault_step=60)
+    job.wait_steps(2)
+    w = watch_cli(job.pid, "--stall-after", "5", "--state-dir", str(tmp_path))
+    job.wait_fault()
+    t_fault = time.time()
+    e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["kind"] == HANG, timeout=40)
+    assert e["incident"]["status"] == ATTRIBUTED and e["incident"]["ranks"] == [2], e
+    assert time.time() - t_fault < 30
+    bundle = e["bundle"]
+    assert bundle.startswith(str(tmp_path)) and os.path.isdir(bundle)
+    # the job is killed (as a launcher or watchdog would): the evidence stays, the watch ends with 1
+    job.stop()
+    assert w.proc.wait(timeout=30) == 1
+    for name in ("diagnosis.json", "procfs.json", "observations.json"):
+        assert os.path.getsize(os.path.join(bundle, name)) > 0, name
+    diag = json.load(open(os.path.join(bundle, "diagnosis.json")))
+    assert diag["incident"]["ranks"] == [2]
+    assert any("load_next_batch_stuck" in f for e in diag["incident"]["evidence"] for f in e.get("stack", []))
+
+
+def test_straggler_extra_compute(start_job, tmp_path):
+    job = start_job(4, fault="slow", fault_rank=1, fault_step=20, args=["--slow-factor", "4"])
+    job.wait_steps(2)
+    with Watcher(str(job.pid), state_dir=str(tmp_path)) as w:
+        job.wait_fault()
+        t0 = time.time()
+        evs = _poll_until(w, lambda e: e.event == "incident_opened" and e.incident.kind == STRAGGLER, timeout=45)
+        assert time.time() - t0 < 45
+    opened = [e.incident for e in evs if e.event == "incident_opened"]
+    assert [(i.kind, i.ranks) for i in opened] == [(STRAGGLER, (1,))]
+    assert "straggler" in opened[0].summary and opened[0].evidence
+
+
+def _cpu_cgroup(quota_us: int) -> tuple[str, str]:
+    """A CPU-quota cgroup (v2 cpu.max or v1 cfs quota) → (dir, procs file)."""
+    name = f"scout-test-{os.getpid()}-{time.monotonic_ns()}"
+    if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+        d = f"/sys/fs/cgroup/{name}"
+        os.mkdir(d)
+        with open(f"{d}/cpu.max", "w") as f:
+            f.write(f"{quota_us} 100000")
+    elif os.path.isdir("/sys/fs/cgroup/cpu"):
+        d = f"/sys/fs/cgroup/cpu/{name}"
+        os.mkdir(d)
+        with open(f"{d}/cpu.cfs_period_us", "w") as f:
+            f.write("100000")
+        with open(f"{d}/cpu.cfs_quota_us", "w") as f:
+            f.write(str(quota_us))
+    else:
+        pytest.skip("no cgroup CPU controller mounted")
+    return d, f"{d}/cgroup.procs"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating a cgroup needs root")
+def test_straggler_throttled_by_a_cgroup_cpu_quota(start_job, tmp_path):
+    job = start_job(4, args=["--hidden", "256"])
+    job.wait_steps(2)
+    victim = find_job(str(job.pid)).by_rank()[3].pid
+    cg, procs = _cpu_cgroup(5000)  # 5% of a CPU
+    try:
+        with open(procs, "w") as f:
+            f.write(str(victim))
+        with Watcher(str(job.pid), ebpf=False, state_dir=str(tmp_path)) as w:
+            evs = _poll_until(w, lambda e: e.event == "incident_opened" and e.incident.kind == STRAGGLER,
+                              timeout=45)
+        opened = [e.incident for e in evs if e.event == "incident_opened"]
+        assert [(i.kind, i.ranks) for i in opened] == [(STRAGGLER, (3,))]
+    finally:
+        job.stop()
+        os.rmdir(cg)
+
+
+def test_healthy_job_watched_for_a_minute_opens_nothing(start_job, watch_cli, tmp_path):
+    job = start_job(4)
+    job.wait_steps(2)
+    w = watch_cli(job.pid, "--state-dir", str(tmp_path))
+    time.sleep(60)
+    assert w.proc.poll() is None, w.proc.stderr.read()
+    assert w.events == []
+    assert w.stop() == 0
+
+
+def test_periodic_checkpoint_pause_opens_no_attributed_incident(start_job, tmp_path):
+    # rank 0 writes a checkpoint for ~2.5 s every 40 steps while the others wait at a barrier
+    job = start_job(4, args=["--checkpoint-every", "40", "--checkpoint-seconds", "2.5"])
+    job.wait_steps(2)
+    with Watcher(str(job.pid), state_dir=str(tmp_path)) as w:
+        end = time.time() + 35
+        evs = []
+        while time.time() < end:
+            evs += w.poll()
+            time.sleep(0.5)
+    assert job.log().count("SCOUT-DEMO checkpoint") >= 2
+    attributed = [e.incident for e in evs if e.event == "incident_opened" and e.incident.status == ATTRIBUTED]
+    assert attributed == []
+
+
+def test_elastic_restart_is_followed(start_job, tmp_path):
+    job = start_job(4, fault="exit", fault_rank=1, fault_step=30, args=["--fault-once"],
+                    torchrun_args=["--max-restarts", "1"])
+    job.wait_steps(2)
+    with Watcher(str(job.pid), ebpf=False, state_dir=str(tmp_path)) as w:
+        before = {r.pid for r in w.job.ranks}
+        end = time.time() + 60
+        while time.time() < end:
+            w.poll()
+            now = {r.pid for r in w.job.ranks}
+            if now and not (now & before) and len(now) == 4:
+                break
+            time.sleep(0.5)
+        assert w.job is not None and len(w.job.ranks) == 4
+        assert not ({r.pid for r in w.job.ranks} & before), "still following the old processes"
+        assert not w.ended
+        assert any("restarted" in n for n in w.snapshot.notes)
+        # the new incarnation trains: the watcher sees it progress
+        for _ in range(6):
+            w.poll()
+            time.sleep(0.5)
+        assert {v.state for v in w.snapshot.views.values()} - {"exited"}
+
+
+def test_sigterm_stops_watch_cleanly(start_job, watch_cli, tmp_path):
+    job = start_job(4)
+    job.wait_steps(2)
+    w = watch_cli(job.pid, "--state-dir", str(tmp_path))
+    time.sleep(8)  # long enough for the eBPF probes to attach
+    t0 = time.time()
+    assert w.stop() == 0
+    assert time.time() - t0 < 15
