@@ -208,3 +208,11 @@ def test_every_rank_in_backward_is_not_a_common_mode_hang():
         obs += _rank_obs(r, stacks=BACKWARD)
     incidents, _, _ = _analyze(_job(4), obs)
     assert incidents == []
+
+
+def test_every_rank_gone_names_nobody_from_proc_alone():
+    obs = []
+    for r in range(4):
+        obs += _rank_obs(r, stacks=SLEEPING, status=lambda i: "gone")
+    incidents, _, notes = _analyze(_job(4), obs)
+    assert incidents == [] and any("exited" in n for n in notes)

@@ -214,3 +214,30 @@ def test_sigterm_stops_watch_cleanly(start_job, watch_cli, tmp_path):
     t0 = time.time()
     assert w.stop() == 0
     assert time.time() - t0 < 15
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the eBPF lifecycle probe needs root")
+def test_first_rank_to_die_is_named_when_torchrun_kills_the_rest(start_job, tmp_path):
+    from scout_sys.probes.ebpf.sched import SchedProbe
+
+    if SchedProbe().available():
+        pytest.skip(f"eBPF sched probe unavailable: {SchedProbe().available()}")
+    job = start_job(4)
+    job.wait_steps(2)
+    with Watcher(str(job.pid), state_dir=str(tmp_path)) as w:
+        w.monitor.wait_started()
+        assert w.monitor.probe_status.get("ebpf-sched") is None, w.monitor.probe_status
+        w.poll()
+        victim = w.job.by_rank()[2].pid
+        os.kill(victim, signal.SIGKILL)  # torchrun then terminates ranks 0, 1 and 3
+        evs = []
+        end = time.time() + 40
+        while time.time() < end and not w.ended:
+            evs += w.poll()
+            time.sleep(0.5)
+        assert w.ended
+    exits = [e.incident for e in evs if e.event == "incident_opened" and e.incident.kind == "process_exit"]
+    assert exits and exits[0].ranks == (2,), [(e.event, e.incident.kind, e.incident.ranks) for e in evs]
+    assert "SIGKILL" in exits[0].summary
+    text = " ".join(ev.text for ev in exits[0].evidence)
+    assert str(os.getpid()) in text  # the sender: this test

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scout_sys.consensus import c3
+from scout_sys.consensus import groups as peer_groups
 from scout_sys.consensus.patterns import CollectiveWait, collective_of, short_path
 from scout_sys.model import (
     ATTRIBUTED,
@@ -248,14 +249,20 @@ def analyze(job: Job, obs: Sequence[Observation], *, window: tuple[float, float]
         list[Incident], dict[int, Activity], list[str]]:
     """Hang findings for every peer group. Returns (incidents, activity per rank, notes)."""
     acts = activities(job, obs)
-    incidents: list[Incident] = []
     notes: list[str] = []
-    for group in job.groups():
+    groups, layout = job.groups(), job.layout or "peer groups given with the job"
+    if not job.peer_groups:  # layout unknown: group by the shape of activity (consensus/groups.py)
+        groups, why = peer_groups.by_activity(acts, groups[0])
+        layout = peer_groups.ACTIVITY_SOURCE
+        notes += [why] if why else []
+    found = []
+    for group in groups:
         g = {r: acts[r] for r in group if r in acts}
         inc, nts = _analyze_group(job, g, window)
-        incidents += inc
+        found.append((group, inc))
         notes += nts
-    return incidents, acts, notes
+    incidents, nts = peer_groups.across(job, groups, found, acts, _analyze_group, window, layout)
+    return incidents, acts, notes + nts
 
 
 def _since(acts: Sequence[Activity], default: float) -> float:
@@ -308,6 +315,10 @@ def _analyze_group(job: Job, g: dict[int, Activity], window: tuple[float, float]
         return _attribute(job, origins, majority, label, n, window, decisive_only=False), notes
 
     # No strict majority of waiting witnesses.
+    if all(a.state == "exited" for a in g.values()):
+        # Every rank is gone: the job ended or was torn down. Who died first is a question of
+        # order, which only the lifecycle records (eBPF) can answer; /proc cannot.
+        return [], [f"all {n} ranks have exited"]
     waiting = [a for a in g.values() if a.state == "waiting"]
     decisive = [a for a in g.values() if a.state in DECISIVE]
     others = [a for a in g.values() if a.state not in DECISIVE and a.state != "waiting"]
