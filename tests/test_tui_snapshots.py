@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,6 +23,20 @@ from scout_sys.tui.synthetic import ScriptedSource, synthetic_snapshot
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SNAPSHOTS = os.path.join(HERE, "snapshots", "tui")
+
+
+@pytest.fixture(autouse=True)
+def utc() -> Any:
+    """Incident clocks are local time: pin the zone so that snapshots do not depend on the machine's."""
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    yield
+    if old is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = old
+    time.tzset()
 
 
 def snap_compare(name: str, snapshot: Any, *, size: tuple[int, int] = (140, 44),

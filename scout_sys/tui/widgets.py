@@ -47,10 +47,27 @@ def lit(text: object, style: str | Style = "") -> Text:
     return Text(printable(str(text)), style=style, no_wrap=False)
 
 
+# --------------------------------------------------------------------------- text panels
+
+
+class TextPanel(Static):
+    """A Static that repaints only when its text changed, and re-lays out the screen only when its
+    number of lines changed (most refreshes change a number, not a size)."""
+
+    _shown: Text | None = None
+
+    def set_text(self, t: Text) -> None:
+        old = self._shown
+        if old is not None and old == t:
+            return
+        self._shown = t
+        self.update(t, layout=old is None or old.plain.count("\n") != t.plain.count("\n"))
+
+
 # --------------------------------------------------------------------------- header
 
 
-class HeaderBar(Static):
+class HeaderBar(TextPanel):
     """Job, elapsed time, overall status and which probes are on."""
 
     DEFAULT_CLASSES = "header"
@@ -82,7 +99,7 @@ class HeaderBar(Static):
             t.append(" ")
             t.append(printable(name), style="green" if reason is None else "dim strike")
             t.append("✓" if reason is None else "✗", style="green" if reason is None else "red")
-        self.update(t)
+        self.set_text(t)
 
 
 # --------------------------------------------------------------------------- rank grid
@@ -338,7 +355,7 @@ class RankGrid(Widget, can_focus=True):
             self.post_message(self.Selected(self.selected, open_details=True))
 
 
-class Legend(Static):
+class Legend(TextPanel):
     """Colour key with counts per category (what a 1,024-rank grid needs to be read)."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = RankGrid.COMPONENT_CLASSES
@@ -351,7 +368,7 @@ class Legend(Static):
             t.append(f" {c}")
         if shown != total:
             t.append(f"   filter: {shown}/{total} ranks", "bold")
-        self.update(t)
+        self.set_text(t)
 
 
 # --------------------------------------------------------------------------- trees
@@ -431,7 +448,7 @@ def _incident_label(inc: Incident, now: float, *, open_: bool) -> Text:
     if inc.ranks:
         t.append(f" rank{'s' if len(inc.ranks) != 1 else ''} ")
         t.append(compress(inc.ranks), "bold")
-    t.append(f" · {fmt_seconds(max(0.0, now - inc.since))} ago · ", "dim")
+    t.append(f" · since {time.strftime('%H:%M:%S', time.localtime(inc.since))} · ", "dim")
     t.append(printable(inc.summary))
     return t
 
@@ -451,7 +468,7 @@ class IncidentTree(LiteralTree):
 
     def show_incidents(self, open_: Sequence[Incident], closed: Sequence[Incident], now: float) -> None:
         sig = (tuple((incident_key(i), i.summary, len(i.evidence), i.status) for i in open_),
-               tuple(incident_key(i) for i in closed), int(now))
+               tuple(incident_key(i) for i in closed))
         if sig == self._sig:
             return
         first = self._sig is None
@@ -485,7 +502,7 @@ class IncidentTree(LiteralTree):
 # --------------------------------------------------------------------------- timing and devices
 
 
-class TimingPanel(Static):
+class TimingPanel(TextPanel):
     """Step time and collective-wait sparklines for the ranks that matter: suspects, the selected
     rank, the slowest few, and the median of all."""
 
@@ -494,7 +511,7 @@ class TimingPanel(Static):
         t = Text(no_wrap=True, overflow="ellipsis")
         if not step_times and not waits:
             t.append("no step timings yet (they need the eBPF collective probe)", "dim")
-            self.update(t)
+            self.set_text(t)
             return
         top_s = max((max(v) for v in step_times.values() if v), default=0.0)
         t.append(f"{'rank':>6}  {'step time':<16} {'last':>6}  {'collective wait':<16} {'last':>5}", "bold")
@@ -510,10 +527,10 @@ class TimingPanel(Static):
             t.append(f" {fmt_seconds(st[-1]) if st else '-':>6}  ")
             t.append(sparkline(wf, top=1.0), "yellow")
             t.append(f" {f'{wf[-1] * 100:.0f}%' if wf else '-':>5}")
-        self.update(t)
+        self.set_text(t)
 
 
-class DevicePanel(Static):
+class DevicePanel(TextPanel):
     """NVML per rank: utilisation, memory, temperature, errors (hidden without NVML)."""
 
     def show(self, devices: Mapping[int, Mapping[str, object]], ranks: Sequence[int],
@@ -536,7 +553,7 @@ class DevicePanel(Static):
             t.append(f"  {f'{temp}C' if temp is not None else '-':>5}")
             err = d.get("errors")
             t.append(f"  {printable(str(err)) if err else '0'}", "bold red" if err else "")
-        self.update(t)
+        self.set_text(t)
 
 
 def _gib(v: object) -> str:
