@@ -329,3 +329,22 @@ def test_1024_ranks_render_within_the_frame_budget() -> None:
 
     r = asyncio.run(measure_refresh(1024, frames=12))
     assert statistics.median(r["render"]) < 0.100, r["render"]
+
+
+@sync
+async def test_grid_by_peer_group() -> None:
+    from dataclasses import replace
+
+    snap = synthetic_snapshot(8, per_host=4, hung=2)
+    snap = replace(snap, job=replace(snap.job, peer_groups=((0, 2, 4, 6), (1, 3, 5, 7))))
+    app = make_app(ScriptedSource([(snap, [])]))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: drawn(app, 1))
+        grid = app.query_one(RankGrid)
+        assert [h for h, _ in grid._hosts] == ["node000.cluster.example", "node001.cluster.example"]
+        await pilot.press("g")
+        assert [(h, [c.rank for c in cs]) for h, cs in grid._hosts] == [
+            ("peers 0", [0, 2, 4, 6]), ("peers 1", [1, 3, 5, 7])]
+        assert grid_cells(app)[2] == "suspect"
+        await pilot.press("g")
+        assert [h for h, _ in grid._hosts][0] == "node000.cluster.example"

@@ -85,6 +85,7 @@ class ScoutApp(App[int]):
         Binding("s", "save", "save report"),
         Binding("slash", "filter", "filter"),
         Binding("enter", "details", "details"),
+        Binding("g", "group", "hosts/peers"),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
         Binding("escape", "clear_filter", "clear filter", show=False),
@@ -94,6 +95,7 @@ class ScoutApp(App[int]):
     filter_text: reactive[str] = reactive("", init=False)
     selected: reactive[int | None] = reactive(None, init=False)
     note: reactive[str] = reactive("", init=False)
+    group_by: reactive[str] = reactive("host", init=False)  # rank grid laid out by "host" or "peers"
 
     def __init__(self, source: Source, *, interval: float | None = None, save_dir: str | None = None,
                  handle_sigterm: bool = False) -> None:
@@ -122,7 +124,7 @@ class ScoutApp(App[int]):
         with Horizontal(id="body"):
             with Vertical(id="left"):
                 with VerticalScroll(id="grid-scroll") as g:
-                    g.border_title = "ranks"
+                    g.border_title = "ranks by host"
                     g.can_focus = False
                     yield RankGrid(id="grid")
                 yield Legend(id="legend")
@@ -200,11 +202,13 @@ class ScoutApp(App[int]):
         inc: Incident = ev.incident
         self.incidents_seen.add(inc.id or inc.kind)
         what = f"{inc.kind} ({inc.status})" + (f" ranks {compress(inc.ranks)}" if inc.ranks else "")
+        bundle = getattr(ev, "bundle", None)
         if ev.event == "incident_opened":
             self.bell()
-            self.notify(f"incident opened: {what}\n{inc.summary}", severity="error", markup=False, timeout=8)
+            lines = [f"incident opened: {what}", inc.summary] + ([f"evidence saved to {bundle}"] if bundle else [])
+            self.notify("\n".join(printable(x) for x in lines), severity="error", markup=False, timeout=8)
         elif ev.event == "incident_closed":
-            self.notify(f"incident closed: {what}", markup=False, timeout=5)
+            self.notify(printable(f"incident closed: {what}"), markup=False, timeout=5)
 
     def push_snapshot(self, snap: Any) -> None:
         """Show ``snap``; bursts are merged: only the newest snapshot of a refresh is drawn."""
@@ -231,6 +235,15 @@ class ScoutApp(App[int]):
             self.query_one(RankGrid).selected = self.selected
         self._render_all(s)
 
+    def watch_group_by(self, _: str) -> None:
+        self.query_one("#grid-scroll").border_title = "ranks by host" if self.group_by == "host" else \
+            "ranks by peer group"
+        if self.snapshot is not None:
+            self._render_all(self.snapshot)
+
+    def action_group(self) -> None:
+        self.group_by = "peers" if self.group_by == "host" else "host"
+
     def watch_filter_text(self, _: str) -> None:
         if self.snapshot is not None:
             self._render_all(self.snapshot)
@@ -250,6 +263,13 @@ class ScoutApp(App[int]):
         hosts: dict[str, list[Cell]] = {}
         counts: dict[str, int] = {}
         visible: list[int] = []
+        block: dict[int, str] = {}
+        if self.group_by == "peers":
+            for i, grp in enumerate(s.job.groups()):
+                for r in grp:
+                    block.setdefault(r, f"peers {i}")
+            order = [r for grp in s.job.groups() for r in grp]
+            everyone = list(dict.fromkeys(order + everyone))
         for r in everyone:
             rk = by_rank.get(r)
             host = rk.host if rk else s.job.host
@@ -260,7 +280,7 @@ class ScoutApp(App[int]):
             if match is not None and not match(r, host, cat):
                 continue
             visible.append(r)
-            hosts.setdefault(host, []).append(Cell(r, cat))
+            hosts.setdefault(block.get(r, "other") if block else host, []).append(Cell(r, cat))
         self._visible = visible
         self.query_one(RankGrid).set_cells(list(hosts.items()))
         self.query_one(Legend).show(counts, len(visible), len(everyone))

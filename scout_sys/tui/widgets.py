@@ -594,6 +594,7 @@ keys
   s        save a report: JSON (scout-sys/diagnosis/v1, reopens in the dashboard) and Markdown
   /        filter ranks: 3  0-15  waiting  suspect  host:node7  (any term matches; empty: all)
   enter    details of the selected rank (grid) or incident
+  g        lay the rank grid out by host or by peer group (equivalent ranks)
   arrows   move in the rank grid; tab moves between panels
   space    expand / collapse a stack group or evidence
   ?        this help
