@@ -73,8 +73,11 @@ def synthetic_snapshot(n: int = 8, *, per_host: int = 4, hung: int | None = 2, e
         step_times[r] = tuple(round(v, 3) for v in st)
         waits[r] = tuple(round(v, 3) for v in wf)
         if devices:
-            devs[r] = {"util": 0 if r == hung else 97, "mem_used": 30 * 2**30, "mem_total": 80 * 2**30,
-                       "temp": 64, "errors": 0}
+            devs[r] = {"index": r % per_host, "util_percent": 0 if r == hung else 97, "mem_used": 30 * 2**30,
+                       "mem_total": 80 * 2**30, "temperature_c": 64, "power_w": 80.0 if r == hung else 610.5,
+                       "ecc_uncorrected": 0}
+            if r == hung:
+                devs[r]["slowdown"] = "hw-thermal"
     incidents: tuple[Incident, ...] = ()
     if hung is not None:
         host = ranks[hung].host

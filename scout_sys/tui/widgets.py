@@ -531,29 +531,38 @@ class TimingPanel(TextPanel):
 
 
 class DevicePanel(TextPanel):
-    """NVML per rank: utilisation, memory, temperature, errors (hidden without NVML)."""
+    """NVML per rank (``model.DeviceSample.to_json``): GPU, utilisation, memory, temperature, power,
+    uncorrected ECC errors and self-imposed slowdowns (hidden without NVML)."""
 
     def show(self, devices: Mapping[int, Mapping[str, object]], ranks: Sequence[int],
              *, suspect: Iterable[int] = ()) -> None:
         sus = set(suspect)
         t = Text(no_wrap=True, overflow="ellipsis")
-        t.append(f"{'rank':>6}  {'util':>5}  {'memory':>15}  {'temp':>5}  errors", "bold")
+        t.append(f"{'rank':>6} {'gpu':>3}  {'util':>4}  {'memory GiB':>11}  {'temp':>4}  {'power':>5}  ecc  slowdown",
+                 "bold")
         for r in ranks:
             d = devices.get(r)
             if not d:
                 continue
             t.append("\n")
             t.append(f"{r:>6}", "bold red" if r in sus else "")
-            util = d.get("util")
-            t.append(f"  {f'{util}%' if util is not None else '-':>5}")
+            t.append(f" {_na(d.get('index')):>3}")
+            util = d.get("util_percent", d.get("util"))
+            t.append(f"  {_na(util, '%'):>4}")
             mu, mt = d.get("mem_used"), d.get("mem_total")
-            mem = f"{_gib(mu)}/{_gib(mt)} GiB" if mu is not None and mt is not None else "-"
-            t.append(f"  {mem:>15}")
-            temp = d.get("temp")
-            t.append(f"  {f'{temp}C' if temp is not None else '-':>5}")
-            err = d.get("errors")
-            t.append(f"  {printable(str(err)) if err else '0'}", "bold red" if err else "")
+            t.append(f"  {f'{_gib(mu)}/{_gib(mt)}' if mu is not None and mt is not None else '-':>11}")
+            t.append(f"  {_na(d.get('temperature_c', d.get('temp')), 'C'):>4}")
+            power = d.get("power_w")
+            t.append(f"  {f'{power:.0f}W' if isinstance(power, (int, float)) else '-':>5}")
+            ecc = d.get("ecc_uncorrected", d.get("errors"))
+            t.append(f"  {_na(ecc):>3}", "bold red" if ecc else "")
+            slow = d.get("slowdown")
+            t.append(f"  {printable(str(slow)) if slow else ''}", "bold yellow" if slow else "")
         self.set_text(t)
+
+
+def _na(v: object, unit: str = "") -> str:
+    return "-" if v is None else f"{printable(str(v))}{unit}"
 
 
 def _gib(v: object) -> str:
