@@ -21,6 +21,7 @@ examples:
   sudo scout-sys diagnose --job pgid:12345       # every process of a process group
   sudo scout-sys diagnose --job 101,102,103,104  # explicit rank processes
   sudo scout-sys diagnose --job 12345 --json | jq .incidents
+  sudo scout-sys diagnose --job 12345 --topology dp=4,pp=2   # peers: ranks at the same pipeline stage
 
 exit status: 0 healthy, 1 incident reported, 2 could not diagnose.
 """
@@ -57,6 +58,11 @@ class _Parser(argparse.ArgumentParser):
 def _job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", required=True, metavar="SEL",
                    help="PID of the launcher or of any rank, pgid:N, or PID,PID,... of rank processes")
+    p.add_argument("--topology", default=None, metavar="LAYOUT",
+                   help="the parallel layout, e.g. dp=4,pp=2 or dp=2,tp=2,pp=2,order=megatron (orders: mesh "
+                        "(default: as written, last fastest), megatron, deepspeed, torchtitan; see "
+                        "docs/layouts.md). Default: read from Megatron-Core / DeepSpeed / TorchTitan command "
+                        "lines, else peer groups from the ranks' activity")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,14 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _diagnose(job_sel: str, window: float, *, as_json: bool, native: bool, quiet: bool, ebpf: bool) -> int:
+def _diagnose(job_sel: str, window: float, *, as_json: bool, native: bool, quiet: bool, ebpf: bool,
+              topology: str | None = None) -> int:
     from scout_sys.job import find_job
     from scout_sys.monitor import Monitor, default_extra_probes
     from scout_sys.report import render, to_json
 
     if window <= 0:
         raise ScoutError("--window must be positive")
-    job = find_job(job_sel)
+    job = find_job(job_sel, topology)
     with Monitor(job, extra_probes=default_extra_probes() if ebpf else ()) as mon:
         mon.wait_started()
         d = mon.diagnose(window, native=native)
@@ -165,7 +172,7 @@ def _watch(args: argparse.Namespace) -> int:
     if args.interval <= 0 or (args.stall_after is not None and args.stall_after <= 0):
         raise ScoutError("--interval and --stall-after must be positive")
     watcher = Watcher(args.job, interval=args.interval, stall_after=args.stall_after, state_dir=args.state_dir,
-                      ebpf=not args.no_ebpf)
+                      ebpf=not args.no_ebpf, topology=args.topology)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     watcher.start()
@@ -224,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.cmd == "diagnose":
             return _diagnose(args.job, args.window, as_json=args.json, native=args.native, quiet=args.quiet,
-                             ebpf=args.ebpf)
+                             ebpf=args.ebpf, topology=args.topology)
         if args.cmd == "demo":
             return _demo(args)
         if args.cmd == "watch":

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psutil
 
@@ -303,8 +303,32 @@ def _all_processes() -> list[psutil.Process]:
     return list(psutil.process_iter())
 
 
-def find_job(selector: str) -> Job:
-    """Resolve a ``--job`` selector. Raises a :class:`~scout_sys.errors.ScoutError` subclass."""
+def with_layout(job: Job, topology: str | None = None) -> Job:
+    """The job with its peer groups and each rank's coordinates (scout_sys.topology): from
+    ``topology`` (``--topology``), else from the ranks' or launcher's command line and the config
+    files it names; unchanged when neither says anything (consensus then groups by activity)."""
+    from scout_sys import topology as topo
+
+    pids = [r.pid for r in sorted(job.ranks, key=lambda r: r.rank)]
+    if job.launcher_pid:
+        pids.append(job.launcher_pid)
+    cmdlines = (topo.read_cmdline(p) for p in ([] if topology else pids))
+    groups, coords, source = topo.peer_groups_for(job, topology, cmdlines)
+    if not groups:
+        return job
+    ranks = tuple(replace(r, coords=tuple(coords.get(r.rank, {}).items())) for r in job.ranks)
+    note = f"peer groups from {source}: " + "; ".join(
+        "(" + ",".join(map(str, g)) + ")" for g in groups[:8]) + (" ..." if len(groups) > 8 else "")
+    return replace(job, ranks=ranks, peer_groups=groups, layout=source, notes=job.notes + (note,))
+
+
+def find_job(selector: str, topology: str | None = None) -> Job:
+    """Resolve a ``--job`` selector, with its layout (see :func:`with_layout`). Raises a
+    :class:`~scout_sys.errors.ScoutError` subclass."""
+    return with_layout(_find_job(selector), topology)
+
+
+def _find_job(selector: str) -> Job:
     sel = selector.strip()
     if sel.startswith("pgid:"):
         pgid = _int(sel[5:])

@@ -42,15 +42,19 @@ class Rank:
     device: str = "cpu"
     run_id: str | None = None
     name: str = ""  # process name, untrusted text
+    coords: tuple[tuple[str, int], ...] = ()  # place in the parallel layout, e.g. (("dp", 1), ("pp", 0))
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "rank": self.rank,
             "pid": self.pid,
             "host": self.host,
             "local_rank": self.local_rank,
             "device": self.device,
         }
+        if self.coords:
+            out["coords"] = dict(self.coords)
+        return out
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class Job:
     # Equivalent peer groups (global ranks). Default: every rank is a replica of every other.
     peer_groups: tuple[tuple[int, ...], ...] = ()
     notes: tuple[str, ...] = ()
+    layout: str = ""  # where peer_groups came from (scout_sys.topology); "" when unknown
 
     def by_rank(self) -> dict[int, Rank]:
         return {r.rank: r for r in self.ranks}
@@ -268,6 +273,8 @@ class Diagnosis:
                 "launcher": self.job.launcher,
                 "launcher_pid": self.job.launcher_pid,
                 "ranks": ranks,
+                **({"layout": self.job.layout, "peer_groups": [list(g) for g in self.job.peer_groups]}
+                   if self.job.peer_groups else {}),
             },
             "status": "healthy" if self.healthy else "incident",
             "incidents": [i.to_json() for i in self.incidents],

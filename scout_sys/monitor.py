@@ -308,8 +308,9 @@ class Watcher:
 
     def __init__(self, selector: str, *, interval: float = 0.5, stall_after: float | None = None,
                  state_dir: str | None = None, ebpf: bool = True, clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, topology: str | None = None) -> None:
         self.selector = selector
+        self.topology = topology  # --topology (scout_sys.topology); None: from the command line or activity
         self.interval = interval
         self.fixed_stall_after = stall_after
         self.state_dir = state_dir or default_state_dir()
@@ -345,7 +346,7 @@ class Watcher:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        self.job = find_job(self.selector)
+        self.job = find_job(self.selector, self.topology)
         self._launcher_pid = self.job.launcher_pid
         self._bind(self.job)
         self.started = self.clock()
@@ -539,7 +540,7 @@ class Watcher:
             if not sel:
                 continue
             try:
-                job = find_job(sel)
+                job = find_job(sel, self.topology)
             except ScoutError:
                 continue
             new = {(r.rank, r.pid) for r in job.ranks}

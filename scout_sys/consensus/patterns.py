@@ -24,31 +24,69 @@ _C10D_OPS = frozenset(
 )
 
 
+_P2P_OPS = frozenset("send recv isend irecv send_object_list recv_object_list batch_isend_irecv".split())
+
+
 @dataclass(frozen=True)
 class Pattern:
     path: str  # suffix of the frame's file path, "/" separated
-    functions: frozenset[str]  # empty: any function in that file
+    functions: frozenset[str]  # empty: any function in that file (py-spy's "Class.method" matches "method")
     kind: str  # "op" | "wrapper"
     label: str = ""  # op name to report when it is not the function's name
+    p2p: bool = False  # point-to-point (pipeline neighbours), not a collective of replicas
 
 
+def _p(path: str, functions: str, kind: str, label: str = "", p2p: bool = False) -> Pattern:
+    return Pattern(path, frozenset(functions.split()), kind, label, p2p)
+
+
+_TD = "torch/distributed/"
+
+# First match wins. Frame names were read from py-spy dumps of real CPU/Gloo jobs (tests/jobs/layouts.py,
+# torch 2.13): see docs/layouts.md for the stacks.
 PATTERNS: tuple[Pattern, ...] = (
-    Pattern("torch/distributed/distributed_c10d.py", _C10D_OPS, "op"),
-    Pattern("torch/distributed/_functional_collectives.py", frozenset({"wait_tensor", "_wait_tensor"}), "op"),
-    Pattern("torch/distributed/_functional_collectives_impl.py", frozenset(), "op"),
-    Pattern("torch/distributed/c10d_logger.py", frozenset(), "wrapper"),
-    Pattern("deepspeed/comm/comm.py", frozenset(), "op"),
-    Pattern("deepspeed/comm/torch.py", frozenset(), "wrapper"),
-    Pattern("megatron/core/tensor_parallel/mappings.py", frozenset(), "wrapper"),
-    Pattern("megatron/core/pipeline_parallel/p2p_communication.py", frozenset(), "wrapper"),
-    Pattern("torch/distributed/pipelining/schedules.py", frozenset({"_wait_batch_p2p", "_batch_p2p"}), "wrapper"),
-    Pattern("torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py", frozenset(), "wrapper"),
-    # DDP (and FSDP) all-reduce gradients from autograd hooks: the main thread waits for them at the
-    # end of backward, off CPU, inside the autograd engine.
-    Pattern("torch/autograd/graph.py", frozenset({"_engine_run_backward"}), "wrapper",
-            "backward (gradient all-reduce)"),
-    Pattern("torch/nn/parallel/distributed.py", frozenset({"_sync_buffers", "_sync_params_and_buffers",
-                                                          "_distributed_broadcast_coalesced"}), "wrapper"),
+    # torch.distributed: point-to-point first, then every collective.
+    Pattern(_TD + "distributed_c10d.py", _P2P_OPS, "op", p2p=True),
+    Pattern(_TD + "distributed_c10d.py", _C10D_OPS, "op"),
+    # Functional collectives, DTensor redistribution and tensor parallel (wait_tensor on AsyncCollectiveTensor).
+    _p(_TD + "_functional_collectives.py", "wait_tensor _wait_tensor", "op"),
+    _p(_TD + "_functional_collectives_impl.py", "", "op"),
+    _p(_TD + "tensor/_collective_utils.py", "mesh_broadcast mesh_scatter shard_dim_alltoall "
+       "fill_empty_tensor_to_shards", "op"),
+    _p(_TD + "tensor/_redistribute.py", "redistribute_local_tensor", "wrapper", "redistribute"),
+    _p(_TD + "tensor/parallel/style.py", "", "wrapper", "tensor-parallel collective"),
+    _p(_TD + "c10d_logger.py", "", "wrapper"),
+    # torch.distributed.pipelining: the schedule waits for its neighbours' activations / gradients.
+    _p(_TD + "pipelining/schedules.py", "_wait_batch_p2p _batch_p2p _sorted_batch_p2p", "wrapper",
+       "pipeline p2p", p2p=True),
+    _p(_TD + "pipelining/stage.py", "_recv_meta _send_meta get_fwd_recv_ops get_bwd_recv_ops", "wrapper",
+       "pipeline p2p", p2p=True),
+    # FSDP2 (fully_shard): all-gather before forward / backward, reduce-scatter after backward.
+    _p(_TD + "fsdp/_fully_shard/_fsdp_collectives.py", "", "wrapper"),
+    _p(_TD + "fsdp/_fully_shard/_fsdp_param_group.py", "unshard wait_for_unshard post_backward "
+       "_wait_all_gather_streams", "wrapper", "fsdp unshard / reduce-scatter"),
+    _p(_TD + "fsdp/_fully_shard/_fsdp_state.py", "_root_post_backward_final_callback", "wrapper",
+       "fsdp reduce-scatter"),
+    # DDP: gradients are all-reduced from autograd hooks; the main thread waits at the end of backward,
+    # off CPU, inside the autograd engine.
+    _p("torch/autograd/graph.py", "_engine_run_backward", "wrapper", "backward (gradient all-reduce)"),
+    _p("torch/nn/parallel/distributed.py", "_sync_buffers _sync_params_and_buffers "
+       "_distributed_broadcast_coalesced _sync_module_buffers", "wrapper"),
+    # DeepSpeed: deepspeed.comm is the collective API; the pipeline engine's p2p; ZeRO's wrappers.
+    _p("deepspeed/comm/comm.py", "send recv isend irecv", "op", p2p=True),
+    _p("deepspeed/comm/comm.py", "", "op"),
+    _p("deepspeed/comm/torch.py", "", "wrapper"),
+    _p("deepspeed/runtime/pipe/p2p.py", "", "wrapper", "pipeline p2p", p2p=True),
+    _p("deepspeed/runtime/comm/coalesced_collectives.py", "", "wrapper"),
+    # Megatron-Core: tensor-parallel mappings, pipeline p2p, the DDP / distributed-optimizer buffers.
+    _p("megatron/core/tensor_parallel/mappings.py", "", "wrapper"),
+    _p("megatron/core/pipeline_parallel/p2p_communication.py", "", "wrapper", "pipeline p2p", p2p=True),
+    _p("megatron/core/distributed/param_and_grad_buffer.py", "", "wrapper"),
+    _p("megatron/core/distributed/finalize_model_grads.py", "", "wrapper"),
+    _p("megatron/core/optimizer/distrib_optimizer.py", "", "wrapper"),
+    # TorchTitan: its own collective helpers (everything else goes through torch above).
+    _p("torchtitan/distributed/utils.py", "", "wrapper"),
+    _p("torchtitan/distributed/pipeline_parallel.py", "", "wrapper", "pipeline p2p", p2p=True),
 )
 
 # Frames that belong to the libraries above, skipped when looking for the caller's call site.
@@ -58,7 +96,8 @@ _LIBRARY_PARTS = ("/torch/", "/deepspeed/", "/megatron/", "/torchtitan/", "/cont
 def _match(frame: Frame) -> Pattern | None:
     path = frame.file.replace("\\", "/")
     for p in PATTERNS:
-        if path.endswith(p.path) and (not p.functions or frame.function in p.functions):
+        if path.endswith(p.path) and (not p.functions or frame.function in p.functions
+                                      or frame.function.rsplit(".", 1)[-1] in p.functions):
             return p
     return None
 
@@ -69,6 +108,7 @@ class CollectiveWait:
     site: str  # the caller's "file:line" (innermost frame outside the libraries)
     depth: int  # index of the collective frame in the stack (innermost = 0)
     direct: bool = True  # a collective call itself, not only a framework frame that issues them
+    p2p: bool = False  # point-to-point (send / recv, pipeline neighbours), not a collective of replicas
 
     def label(self) -> str:
         return f"{self.op} at {self.site}"
@@ -95,8 +135,10 @@ def collective_of(frames: tuple[Frame, ...]) -> CollectiveWait | None:
         if not any(part in f.file for part in _LIBRARY_PARTS):
             site = f"{short_path(f.file)}:{f.line}"
             break
-    op = pattern.label or frames[at].function.lstrip("_")
-    return CollectiveWait(op=op, site=site, depth=at, direct=op_at is not None)
+    op = pattern.label or frames[at].function.rsplit(".", 1)[-1].lstrip("_")
+    p2p = any((m := _match(f)) is not None and m.p2p for f in frames[:at + 1]) or (
+        wrap_at is not None and (w := _match(frames[wrap_at])) is not None and w.p2p)
+    return CollectiveWait(op=op, site=site, depth=at, direct=op_at is not None, p2p=p2p)
 
 
 def short_path(path: str) -> str:
