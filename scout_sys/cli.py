@@ -41,6 +41,7 @@ examples:
   sudo scout-sys watch --job 12345 --headless            # one line per incident event
   sudo scout-sys watch --job 12345 --headless --json     # one JSON object per line
   sudo scout-sys watch --job 12345 --stall-after 30      # a job with long, legitimate pauses
+  scout-sys watch --report incident.json                 # reopen a saved report in the dashboard
 
 events (--json): {"event": "incident_opened" | "incident_updated" | "incident_closed",
                   "time": <unix s>, "incident": {...same object as diagnose...}, "bundle": <path>}
@@ -55,8 +56,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
 
 
-def _job_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--job", required=True, metavar="SEL",
+def _job_options(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument("--job", required=required, metavar="SEL",
                    help="PID of the launcher or of any rank, pgid:N, or PID,PID,... of rank processes")
     p.add_argument("--topology", default=None, metavar="LAYOUT",
                    help="the parallel layout, e.g. dp=4,pp=2 or dp=2,tp=2,pp=2,order=megatron (orders: mesh "
@@ -99,7 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Watch a running job until it ends. On a terminal it opens the dashboard; "
                                    "with --headless (or without a terminal) it prints one line per event.",
                        epilog=_WATCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _job_options(w)
+    _job_options(w, required=False)
+    w.add_argument("--report", metavar="FILE",
+                   help="instead of a live job, reopen a saved report (diagnose --json, or one saved with 's' "
+                        "in the dashboard) in the dashboard")
     w.add_argument("--stall-after", type=float, default=None, metavar="SECONDS",
                    help="call the job hung after this long without progress (default: adapts to the job, "
                         "4x its longest healthy pause, at least 5 s)")
@@ -117,13 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _diagnose(job_sel: str, window: float, *, as_json: bool, native: bool, quiet: bool, ebpf: bool,
               topology: str | None = None) -> int:
     from scout_sys.job import find_job
-    from scout_sys.monitor import Monitor, default_extra_probes
+    from scout_sys.monitor import Monitor, default_probes
     from scout_sys.report import render, to_json
 
     if window <= 0:
         raise ScoutError("--window must be positive")
     job = find_job(job_sel, topology)
-    with Monitor(job, extra_probes=default_extra_probes() if ebpf else ()) as mon:
+    with Monitor(job, extra_probes=default_probes(ebpf)) as mon:
         mon.wait_started()
         d = mon.diagnose(window, native=native)
     if not ebpf:
@@ -171,6 +175,13 @@ def _watch(args: argparse.Namespace) -> int:
 
     if args.interval <= 0 or (args.stall_after is not None and args.stall_after <= 0):
         raise ScoutError("--interval and --stall-after must be positive")
+    if bool(args.job) == bool(args.report):
+        raise ScoutError("watch needs exactly one of --job SEL (a live job) or --report FILE (a saved report)")
+    if args.report:
+        from scout_sys.tui.app import run_dashboard
+        from scout_sys.tui.source import ReportSource
+
+        return run_dashboard(ReportSource(args.report))
     watcher = Watcher(args.job, interval=args.interval, stall_after=args.stall_after, state_dir=args.state_dir,
                       ebpf=not args.no_ebpf, topology=args.topology)
     stop = threading.Event()
@@ -183,7 +194,10 @@ def _watch(args: argparse.Namespace) -> int:
             except ImportError:
                 run_dashboard = None
             if run_dashboard is not None:
-                return run_dashboard(watcher)
+                try:
+                    return run_dashboard(watcher)
+                finally:  # the dashboard's loop restored the default handler; keep close() reachable
+                    signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
         def emit(e: Event) -> None:
             if args.json:

@@ -437,6 +437,33 @@ def signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
-Observation = Union[  # noqa: UP007 (the alias above is reassigned to add the eBPF records)
-    ProcSample, StackSample, CollectiveSample, SchedSample, SignalRecord, ExitRecord, OomRecord
+# ---- NVML records (probes/nvml.py)
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    """One read of a rank's GPU through NVML. ``None``: not readable on this device."""
+
+    time: float
+    rank: int
+    pid: int
+    index: int  # NVML (physical) device index
+    util_percent: int | None = None
+    mem_used: int | None = None  # bytes
+    mem_total: int | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
+    slowdown: str | None = None  # "hw-slowdown,hw-thermal,..." when the GPU slowed itself down
+    ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors since the driver loaded
+    source: str = "nvml"
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in {
+            "index": self.index, "util_percent": self.util_percent, "mem_used": self.mem_used,
+            "mem_total": self.mem_total, "temperature_c": self.temperature_c, "power_w": self.power_w,
+            "slowdown": self.slowdown, "ecc_uncorrected": self.ecc_uncorrected}.items() if v is not None}
+
+
+Observation = Union[  # noqa: UP007 (the alias above is reassigned to add the eBPF and NVML records)
+    ProcSample, StackSample, CollectiveSample, SchedSample, SignalRecord, ExitRecord, OomRecord, DeviceSample
 ]

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from scout_sys.consensus import desync, hang, lifecycle, straggler
+from scout_sys.consensus import desync, hang, hardware, lifecycle, straggler
 from scout_sys.consensus.hang import where_of
 from scout_sys.consensus.patterns import collective_of, short_path
 from scout_sys.errors import SUDO_HINT, PermissionDenied, ProbeUnavailable, ScoutError
@@ -28,6 +28,7 @@ from scout_sys.model import (
     ATTRIBUTED,
     DESYNC,
     HANG,
+    HARDWARE,
     PROCESS_EXIT,
     PROCESS_STALL,
     STRAGGLER,
@@ -153,7 +154,8 @@ class Monitor:
     # ------------------------------------------------------------------ deciding
     def decide(self, obs: Sequence[Observation], window: tuple[float, float]) -> Diagnosis:
         incidents, acts, notes = hang.analyze(self.job, obs, window=window)
-        incidents = merge_findings(incidents, desync.analyze(self.job, obs), lifecycle.analyze(self.job, obs))
+        incidents = merge_findings(incidents, desync.analyze(self.job, obs), lifecycle.analyze(self.job, obs),
+                                   hardware.analyze(self.job, obs))
         return Diagnosis(
             time=self.clock(),
             job=self.job,
@@ -239,6 +241,13 @@ def default_extra_probes() -> list[object]:
         return probes
     probes += [CollectiveProbe(), SchedProbe()]
     return probes
+
+
+def default_probes(ebpf: bool = True) -> list[object]:
+    """Every probe beyond procfs and stacks: GPU telemetry, and the kernel probes when asked."""
+    from scout_sys.probes.nvml import NvmlProbe
+
+    return [NvmlProbe(), *(default_extra_probes() if ebpf else [])]
 
 
 # ====================================================================== watch: the continuous loop
@@ -338,6 +347,7 @@ class Watcher:
         self._lag: dict[int, deque[float]] = {}
         self._period: dict[int, deque[float]] = {}
         self._bundle: str | None = None
+        self._devices: dict[int, dict[str, object]] = {}
         self._notes: list[str] = []
         self.ever_opened = False
         self.ended = False
@@ -356,7 +366,7 @@ class Watcher:
         if self.monitor is not None:
             self.monitor.close()
         self.job = job
-        self.monitor = Monitor(job, extra_probes=default_extra_probes() if self.ebpf else (), clock=self.clock,
+        self.monitor = Monitor(job, extra_probes=default_probes(self.ebpf), clock=self.clock,
                                sleep=self.sleep)
         self.monitor.start()
 
@@ -420,6 +430,8 @@ class Watcher:
             self._light_views(procs, now)
         events += self._reconcile(findings, now, HANG_KINDS)
 
+        self._devices = {r: d.to_json() for r, d in hardware.latest(batch).items()} or self._devices
+        events += self._reconcile(hardware.analyze(self.job, batch), now, frozenset({HARDWARE}))
         if now - self._last_straggler >= STRAGGLER_WINDOW:
             events += self._straggler_round(now)
         if not suspect and now - self._last_stacks >= STACKS_EVERY:
@@ -623,7 +635,7 @@ class Watcher:
             probes=dict(self.monitor.probe_status), stall_after=self.stall_after,
             step_times={r: tuple(v) for r, v in self._period.items()},
             wait_fractions={r: tuple(1.0 - x for x in v) for r, v in self._busy.items()},
-            stacks=dict(self._stacks), devices={}, ended=self.ended, bundle=self._bundle,
+            stacks=dict(self._stacks), devices=dict(self._devices), ended=self.ended, bundle=self._bundle,
             notes=tuple(self._notes[-10:]),
         )
 

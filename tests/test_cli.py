@@ -44,3 +44,13 @@ def test_bad_window():
 
     out = scout("diagnose", "--job", str(os.getpid()), "--window", "-1")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_watch_needs_a_job_or_a_report():
+    out = scout("watch")
+    assert out.returncode == 2 and "--job" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_watch_report_that_does_not_exist():
+    out = scout("watch", "--report", "/nonexistent/report.json")
+    assert out.returncode == 2 and "cannot read report" in out.stderr and "Traceback" not in out.stderr
