@@ -170,7 +170,8 @@ def _watch(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from scout_sys.monitor import Event, Watcher
+    from scout_sys.model import Event
+    from scout_sys.monitor import Watcher
     from scout_sys.report import printable
 
     if args.interval <= 0 or (args.stall_after is not None and args.stall_after <= 0):

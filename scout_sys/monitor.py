@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from scout_sys.consensus import desync, hang, hardware, lifecycle, straggler
@@ -33,12 +33,14 @@ from scout_sys.model import (
     PROCESS_STALL,
     STRAGGLER,
     Diagnosis,
+    Event,
     Evidence,
     Incident,
     Job,
     Observation,
     ProcSample,
     RankView,
+    Snapshot,
     StackSample,
 )
 from scout_sys.probes.procfs import ProcfsProbe
@@ -261,41 +263,6 @@ RECONFIRM_EVERY = 5.0  # while a hang stays open
 STACKS_EVERY = 10.0  # background stack refresh for the dashboard (py-spy costs ~30 ms a rank)
 STRAGGLER_WINDOW = 5.0
 HISTORY_SECONDS = 60.0
-
-
-@dataclass(frozen=True)
-class Event:
-    event: str  # "incident_opened" | "incident_updated" | "incident_closed"
-    time: float
-    incident: Incident
-    bundle: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"event": self.event, "time": round(self.time, 3), "incident": self.incident.to_json()}
-        if self.bundle:
-            out["bundle"] = self.bundle
-        return out
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What every sink renders; immutable, published after each poll."""
-
-    time: float
-    started: float
-    job: Job
-    views: dict[int, RankView] = field(hash=False, compare=False)
-    incidents: tuple[Incident, ...] = ()
-    closed: tuple[Incident, ...] = ()
-    probes: dict[str, str | None] = field(default_factory=dict, hash=False, compare=False)
-    stall_after: float = MIN_STALL_AFTER
-    step_times: dict[int, tuple[float, ...]] = field(default_factory=dict, hash=False, compare=False)
-    wait_fractions: dict[int, tuple[float, ...]] = field(default_factory=dict, hash=False, compare=False)
-    stacks: dict[int, tuple[str, ...]] = field(default_factory=dict, hash=False, compare=False)
-    devices: dict[int, dict[str, object]] = field(default_factory=dict, hash=False, compare=False)
-    ended: bool = False
-    bundle: str | None = None
-    notes: tuple[str, ...] = ()
 
 
 def default_state_dir() -> str:
