@@ -281,8 +281,8 @@ class RankGrid(Widget, can_focus=True):
             if rank is not None and rank == self.selected:
                 if self._compact:
                     st = st + Style(color="white", bgcolor=st.color or st.bgcolor, bold=True)
-                else:
-                    st = st + cursor
+                else:  # only the cursor's text style: the cell keeps its state's colours
+                    st = st + Style(bold=cursor.bold, underline=cursor.underline, italic=cursor.italic)
                     text = f"[{text[1:-1]}]"
             if st == run_style:
                 run_text += text
