@@ -140,10 +140,10 @@ def _cpu_cgroup(quota_us: int) -> tuple[str, str]:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="creating a cgroup needs root")
 def test_straggler_throttled_by_a_cgroup_cpu_quota(start_job, tmp_path):
-    job = start_job(4, args=["--hidden", "256"])
+    job = start_job(4, args=["--hidden", "512"])
     job.wait_steps(2)
     victim = find_job(str(job.pid)).by_rank()[3].pid
-    cg, procs = _cpu_cgroup(5000)  # 5% of a CPU
+    cg, procs = _cpu_cgroup(2000)  # 2% of a CPU: its steps take several times longer
     try:
         with open(procs, "w") as f:
             f.write(str(victim))

@@ -40,6 +40,10 @@ LAG_FLOOR = 0.010  # seconds
 LAG_FLOOR_OF_PERIOD = 0.15
 CONFIRM = 3
 MIN_COMMON_COLLECTIVES = 3
+# Peers idle (off CPU, outside collectives) for more than this share of the step have slack: a rank
+# arriving late only takes time they would have slept anyway (a job paced by its input, or by
+# sleeping), so it slows nothing and is not called a straggler.
+SLACK_MAX = 0.20
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class WindowVerdict:
     median: float = 0.0
     threshold: float = 0.0
     period: float | None = None  # eBPF: median time between collectives
+    slack: float | None = None  # peers' idle share outside collectives (lag metric, with procfs data)
     periods: dict[int, float] = field(default_factory=dict, hash=False, compare=False)  # per rank
 
 
@@ -133,14 +138,21 @@ def window_verdict(job: Job, obs: Sequence[Observation], start: float, end: floa
         if len(live) < 3:
             continue  # two ranks cannot outvote each other
         lags, period = _lags(obs, live, start, end)
+        busy = _busy(obs, live)
         if lags:
             floor = max(LAG_FLOOR, LAG_FLOOR_OF_PERIOD * (period or 0.0))
             sus, med, thr = _outliers(lags, floor)
-            return WindowVerdict(start, end, "lag", lags, sus, med, thr, period, periods(obs, start, end))
-        busy = _busy(obs, live)
+            slack = None
+            if sus and period and len(busy) == len(live):
+                peers = [r for r in live if r not in sus]
+                wait = (max(lags[r] for r in sus) - med) / period
+                slack = 1.0 - statistics.median(busy[r] for r in peers) - wait
+                if slack > SLACK_MAX:
+                    sus = ()
+            return WindowVerdict(start, end, "lag", lags, sus, med, thr, period, slack, periods(obs, start, end))
         if len(busy) == len(live):
             sus, med, thr = _outliers(busy, BUSY_FLOOR)
-            return WindowVerdict(start, end, "busy", busy, sus, med, thr, None, periods(obs, start, end))
+            return WindowVerdict(start, end, "busy", busy, sus, med, thr, None, None, periods(obs, start, end))
     return WindowVerdict(start, end, "")
 
 
