@@ -32,7 +32,7 @@ def _start(start_job, nproc: int, layout: str, fault: str = "none", rank: int = 
 
 
 def _coords_evidence(d: dict, rank: int) -> dict:
-    ev = [e for i in d["incidents"] for e in i["evidence"] if e["source"] == "job" and e.get("rank") == rank]
+    ev = [e for i in d["incidents"] for e in i["evidence"] if "coords" in e and e.get("rank") == rank]
     assert ev, d["incidents"]
     return ev[0]["coords"]
 

@@ -164,7 +164,7 @@ def test_pipeline_neighbour_is_a_witness_not_a_culprit():
     assert [(i.kind, i.status, i.ranks) for i in incidents] == [("hang", "attributed", (2,))]
     inc = incidents[0]
     assert "[rank 2 at dp=1,pp=0]" in inc.summary
-    job_ev = [e for e in inc.evidence if e.source == "job"]
+    job_ev = [e for e in inc.evidence if "coords" in e.data]
     assert job_ev[0].data["coords"] == {"dp": 1, "pp": 0} and job_ev[0].data["peer_group"] == [0, 2, 4, 6]
     assert any(e.data.get("witness_of") == [2] and e.data.get("ranks") == [3] for e in inc.evidence)
 
@@ -173,7 +173,7 @@ def test_layout_unknown_groups_by_activity():
     incidents, _, notes = _analyze(_job(8), _pp_obs())
     assert [(i.kind, i.ranks) for i in incidents] == [("hang", (2,))]
     assert any("shape of activity" in n for n in notes)
-    assert "activity" in [e for e in incidents[0].evidence if e.source == "job"][0].data["layout"]
+    assert "activity" in [e for e in incidents[0].evidence if "coords" in e.data][0].data["layout"]
 
 
 def test_every_stage_waits_on_one_stage():

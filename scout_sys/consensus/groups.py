@@ -147,7 +147,8 @@ def _with_coords(job: Job, i: Incident, group_of: Mapping[int, tuple[int, ...]],
         c = coords.get(r, ())
         text = f"rank {r}" + (f" is at {_ctext(c)}" if c else "") + \
             (f", peer group ranks {', '.join(map(str, g))}" if g else "") + f" (layout: {layout})"
-        ev.append(Evidence("job", text, rank=r, data={"coords": dict(c), "peer_group": list(g), "layout": layout}))
+        # the layout is read from /proc (command line, config) or given with --topology
+        ev.append(Evidence("procfs", text, rank=r, data={"coords": dict(c), "peer_group": list(g), "layout": layout}))
     summary = i.summary
     if any(r in coords for r in i.ranks):
         summary += " [" + "; ".join(f"rank {r} at {_ctext(coords[r])}" for r in i.ranks if r in coords) + "]"
