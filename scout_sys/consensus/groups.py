@@ -139,8 +139,8 @@ def _witness_evidence(job: Job, i: Incident, origin: Incident) -> Evidence:
 
 def _with_coords(job: Job, i: Incident, group_of: Mapping[int, tuple[int, ...]], layout: str) -> Incident:
     coords = coords_of(job)
-    if not i.ranks:
-        return i
+    if not i.ranks or (not coords and len(set(group_of.values())) <= 1):
+        return i  # one group of every rank and no layout: nothing to say about places
     ev = []
     for r in i.ranks:
         g = group_of.get(r, ())
