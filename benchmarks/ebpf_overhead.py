@@ -27,7 +27,7 @@ from scout_sys.probes.ebpf.sched import SchedProbe  # noqa: E402
 from tests._ebpf_jobs import TorchrunJob, ebpf_skip_reason  # noqa: E402
 
 
-def run_once(probed: bool, steps: int, width: int) -> float:
+def run_once(probed: bool, steps: int, width: int, switches: bool = False, transport: bool = False) -> float:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         out = tmp / "result"
@@ -36,7 +36,9 @@ def run_once(probed: bool, steps: int, width: int) -> float:
         with TorchrunJob(tmp, "--steps", str(steps), "--width", str(width), "--out", str(out)) as job:
             j = job.wait_ranks()
             if probed:
-                probes = [CollectiveProbe(), SchedProbe()]
+                # what watch attaches (scout_sys.monitor.default_extra_probes); --sched-switch and
+                # --transport add the costly programs it leaves out, to measure them
+                probes = [CollectiveProbe(transport=transport), SchedProbe(switches=switches)]
                 for p in probes:
                     p.start(j)
             sampler = threading.Thread(target=lambda: [p.sample() for _ in iter(lambda: stop.wait(1.0), True)
@@ -56,10 +58,14 @@ def run_once(probed: bool, steps: int, width: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--sched-switch", action="store_true",
+                    help="also attach the sched_switch program (off in watch: /proc gives the same per-thread time)")
+    ap.add_argument("--transport", action="store_true",
+                    help="also attach the uprobes on Gloo's per-message tcp send/recv (off in watch)")
     a = ap.parse_args()
     reason = ebpf_skip_reason()
     if reason:
@@ -69,7 +75,7 @@ def main() -> int:
     probed: list[float] = []
     for i in range(a.rounds):
         for with_probes in ((False, True) if i % 2 == 0 else (True, False)):
-            rate = run_once(with_probes, a.steps, a.width)
+            rate = run_once(with_probes, a.steps, a.width, a.sched_switch, a.transport)
             (probed if with_probes else base).append(rate)
             if not a.json:
                 print(f"round {i + 1} {'probes ' if with_probes else 'baseline'} {rate:8.1f} steps/s", flush=True)
@@ -77,7 +83,7 @@ def main() -> int:
     result = {"baseline_steps_per_s": round(statistics.median(base), 2),
               "probed_steps_per_s": round(statistics.median(probed), 2), "ratio": round(ratio, 4),
               "runs": {"baseline": [round(x, 2) for x in base], "probed": [round(x, 2) for x in probed]},
-              "steps": a.steps, "width": a.width}
+              "steps": a.steps, "width": a.width, "sched_switch": a.sched_switch, "transport": a.transport}
     if a.json:
         print(json.dumps(result))
     else:

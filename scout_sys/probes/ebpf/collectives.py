@@ -190,7 +190,11 @@ class CollectiveProbe:
     name = "ebpf-collectives"
 
     def __init__(self, max_pids: int = 256, max_groups: int = 1024, max_threads: int = 8192,
-                 history: int = 16) -> None:
+                 history: int = 16, transport: bool = True) -> None:
+        """``transport=False`` leaves out the uprobes on Gloo's per-message tcp send/recv (the peer a
+        rank waits on, bytes sent): they fire several times per collective and cost a CPU-bound job
+        several percent (benchmarks/ebpf_overhead.py); the collective entry points alone do not."""
+        self.transport = transport
         if history & (history - 1):
             raise ValueError("history must be a power of two")
         self.max_pids, self.max_groups, self.max_threads, self.history = max_pids, max_groups, max_threads, history
@@ -349,6 +353,8 @@ class CollectiveProbe:
                         if sym.startswith(prefix):
                             self._attach(lib, sym, fn)
                 for prefix, fn in GLOO_WORK.items():
+                    if not self.transport and "UnboundBuffer" in prefix:
+                        continue
                     for sym in lib.symbols:
                         if sym.startswith(prefix):
                             self._attach(lib, sym, fn)

@@ -70,6 +70,7 @@ static inline void count_lost(void) {
     if (l) __sync_fetch_and_add(l, 1);
 }
 
+#if HAS_SWITCH
 TRACEPOINT_PROBE(sched, sched_switch) {
     u64 now = bpf_ktime_get_ns();
     u32 prev = args->prev_pid;
@@ -99,6 +100,7 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     }
     return 0;
 }
+#endif
 
 #if HAS_EXIT_GROUP
 TRACEPOINT_PROBE(syscalls, sys_enter_exit_group) {

@@ -67,8 +67,12 @@ class SchedProbe:
 
     name = "ebpf-sched"
 
-    def __init__(self, max_pids: int = 256, max_threads: int = 16384, max_signals: int = 1024) -> None:
+    def __init__(self, max_pids: int = 256, max_threads: int = 16384, max_signals: int = 1024,
+                 switches: bool = True) -> None:
+        """``switches=False`` leaves out the sched_switch program (per-thread on/off-CPU time): it
+        runs on every context switch of the machine, the lifecycle programs only on rare events."""
         self.max_pids, self.max_threads, self.max_signals = max_pids, max_threads, max_signals
+        self.switches = switches
         self._bpf: Any = None
         self._ranks: dict[int, int] = {}
         self._seen_exits: set[int] = set()
@@ -109,7 +113,7 @@ class SchedProbe:
             "MAX_PIDS": self.max_pids, "MAX_THREADS": self.max_threads, "MAX_SIGNALS": self.max_signals,
             "EXIT_CODE_OFF": -1 if exit_off is None else exit_off,
             "GROUP_DEAD": "args->group_dead" if "group_dead" in exit_fields else "tid == tgid",
-            "HAS_OOM": int(has_oom), "HAS_EXIT_GROUP": int(has_exit_group),
+            "HAS_OOM": int(has_oom), "HAS_EXIT_GROUP": int(has_exit_group), "HAS_SWITCH": int(self.switches),
             "OOM_TOTAL_VM": "args->total_vm" if "total_vm" in oom_fields else "0",
             "OOM_ANON_RSS": "args->anon_rss" if "anon_rss" in oom_fields else "0",
         })
