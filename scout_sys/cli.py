@@ -171,7 +171,7 @@ def _watch(args: argparse.Namespace) -> int:
     import threading
 
     from scout_sys.model import Event
-    from scout_sys.monitor import Watcher
+    from scout_sys.monitor import STACKS_EVERY, Watcher
     from scout_sys.report import printable
 
     if args.interval <= 0 or (args.stall_after is not None and args.stall_after <= 0):
@@ -183,13 +183,14 @@ def _watch(args: argparse.Namespace) -> int:
         from scout_sys.tui.source import ReportSource
 
         return run_dashboard(ReportSource(args.report))
+    dashboard = not args.headless and not args.json and sys.stdout.isatty()
     watcher = Watcher(args.job, interval=args.interval, stall_after=args.stall_after, state_dir=args.state_dir,
-                      ebpf=not args.no_ebpf, topology=args.topology)
+                      ebpf=not args.no_ebpf, topology=args.topology, stack_refresh=STACKS_EVERY if dashboard else None)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     watcher.start()
     try:
-        if not args.headless and not args.json and sys.stdout.isatty():
+        if dashboard:
             try:
                 from scout_sys.tui.app import run_dashboard
             except ImportError:

@@ -287,8 +287,12 @@ class Watcher:
 
     def __init__(self, selector: str, *, interval: float = 0.5, stall_after: float | None = None,
                  state_dir: str | None = None, ebpf: bool = True, clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep, topology: str | None = None) -> None:
+                 sleep: Callable[[float], None] = time.sleep, topology: str | None = None,
+                 stack_refresh: float | None = STACKS_EVERY) -> None:
         self.selector = selector
+        # Stacks of a healthy job are only for people (the dashboard's stack groups): every py-spy
+        # dump costs ~30 ms of a CPU per rank, so headless watches take stacks only to confirm a hang.
+        self.stack_refresh = stack_refresh
         self.topology = topology  # --topology (scout_sys.topology); None: from the command line or activity
         self.interval = interval
         self.fixed_stall_after = stall_after
@@ -404,7 +408,7 @@ class Watcher:
         events += self._reconcile(hardware.analyze(self.job, batch), now, frozenset({HARDWARE}))
         if now - self._last_straggler >= STRAGGLER_WINDOW:
             events += self._straggler_round(now)
-        if not suspect and now - self._last_stacks >= STACKS_EVERY:
+        if not suspect and self.stack_refresh is not None and now - self._last_stacks >= self.stack_refresh:
             self._refresh_stacks(now)
         self._publish()
         return events
