@@ -266,6 +266,7 @@ RECONFIRM_EVERY = 5.0  # while a hang stays open
 STACKS_EVERY = 10.0  # background stack refresh for the dashboard (py-spy costs ~30 ms a rank)
 STRAGGLER_WINDOW = 5.0
 HISTORY_SECONDS = 60.0
+RESTART_GRACE = 10.0  # seconds to wait for every rank of a restarted job to appear
 
 
 def default_state_dir() -> str:
@@ -314,6 +315,8 @@ class Watcher:
         self._last_stacks = 0.0
         self._last_straggler = 0.0
         self._last_rediscover = 0.0
+        self._restart_seen = 0.0  # when new rank processes were first seen after ranks went away
+        self._restarting = False
         self._stragglers: deque[straggler.WindowVerdict] = deque(maxlen=straggler.CONFIRM)
         self._views: dict[int, RankView] = {}
         self._stacks: dict[int, tuple[str, ...]] = {}
@@ -371,9 +374,10 @@ class Watcher:
         self._remember(batch, now)
         events: list[Event] = []
 
-        if procs and all(not p.alive for p in procs) or any(p.status == "gone" for p in procs):
+        respawning = bool(self.job.missing) and bool(self._launcher_pid) and _alive(self._launcher_pid or 0)
+        if procs and all(not p.alive for p in procs) or any(p.status == "gone" for p in procs) or respawning:
             events += self._follow_restart(now)
-            if self.ended or self.monitor is not mon:
+            if self.ended or self.monitor is not mon or self._restarting:
                 self._publish()
                 return events
 
@@ -532,10 +536,19 @@ class Watcher:
             new = {(r.rank, r.pid) for r in job.ranks}
             live_new = {p for _r, p in new} - {p for _r, p in old}
             if live_new:
+                # The launcher starts the new ranks one by one: wait (judging nothing) until all of
+                # them are there, or RESTART_GRACE has passed, before following them.
+                self._restart_seen = self._restart_seen or now
+                if job.missing and now - self._restart_seen < RESTART_GRACE:
+                    self._restarting = True
+                    return []
+                self._restarting = False
+                self._restart_seen = 0.0
                 self._notes.append(f"job restarted: following {len(job.ranks)} new rank processes")
                 self._bind(job)
                 self._views = {}
                 return []
+            self._restarting = False
             return []  # same processes: let the rules judge the dead ones
         if self._launcher_pid and _alive(self._launcher_pid):
             return []  # the launcher lives on: ranks between two elastic restarts
