@@ -316,6 +316,7 @@ class Watcher:
         self._last_straggler = 0.0
         self._last_rediscover = 0.0
         self._restart_seen = 0.0  # when new rank processes were first seen after ranks went away
+        self._last_diagnosis: Diagnosis | None = None  # the last confirming window, for bundles
         self._restarting = False
         self._stragglers: deque[straggler.WindowVerdict] = deque(maxlen=straggler.CONFIRM)
         self._views: dict[int, RankView] = {}
@@ -603,7 +604,7 @@ class Watcher:
         except OSError as e:
             self._notes.append(f"cannot save the evidence bundle under {self.state_dir}: {e}")
             return None
-        d = getattr(self, "_last_diagnosis", None)
+        d = self._last_diagnosis
         diag = d.to_json() if d is not None else {}
         diag["incident"] = inc.to_json()
         _write_json(os.path.join(path, "diagnosis.json"), diag)

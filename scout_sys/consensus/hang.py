@@ -321,14 +321,10 @@ def _analyze_group(job: Job, g: dict[int, Activity], window: tuple[float, float]
         return [], [f"all {n} ranks have exited"]
     waiting = [a for a in g.values() if a.state == "waiting"]
     decisive = [a for a in g.values() if a.state in DECISIVE]
-    others = [a for a in g.values() if a.state not in DECISIVE and a.state != "waiting"]
-    if decisive and not others:
-        label = waiting[0].wait.label() if waiting and waiting[0].wait else "?"
-        return _attribute(job, decisive, waiting, label, n, window, decisive_only=True), []
     if decisive:
         # A stopped or dead rank is an incident on its own, whatever the others do yet.
-        return _attribute(job, decisive, waiting, waiting[0].wait.label() if waiting and waiting[0].wait
-                          else "?", n, window, decisive_only=True), []
+        label = waiting[0].wait.label() if waiting and waiting[0].wait else "?"
+        return _attribute(job, decisive, waiting, label, n, window, decisive_only=True), []
     stalled = waiting and all(a.state in ("waiting", "idle", "busy", "unknown") for a in g.values())
     if stalled:
         groups: dict[tuple, list[int]] = {}
