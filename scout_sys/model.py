@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from scout_sys.text import signal_name
+
 SCHEMA = "scout-sys/diagnosis/v1"
 
 # Incident kinds (the JSON "kind" field).
@@ -548,15 +550,6 @@ class OomRecord:
     total_vm_kb: int | None = None
     anon_rss_kb: int | None = None
     source: str = "ebpf"
-
-
-def signal_name(sig: int) -> str:
-    import signal as _signal
-
-    try:
-        return _signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
 
 
 # ---- NVML records (probes/nvml.py)

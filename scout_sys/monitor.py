@@ -20,7 +20,6 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from scout_sys.consensus import desync, hang, hardware, lifecycle, straggler
-from scout_sys.consensus.hang import where_of
 from scout_sys.consensus.patterns import collective_of, short_path
 from scout_sys.errors import SUDO_HINT, PermissionDenied, ProbeUnavailable, ScoutError
 from scout_sys.job import find_job
@@ -45,6 +44,7 @@ from scout_sys.model import (
 )
 from scout_sys.probes.procfs import ProcfsProbe
 from scout_sys.probes.pystack import PyStackProbe
+from scout_sys.text import where_text as where_of
 
 # Extra probes (eBPF, NVML) register here as factories returning objects with the probe contract.
 ProbeFactory = Callable[[], object]

@@ -30,8 +30,9 @@ from textual.widgets import Footer, Input, Tree
 from scout_sys.errors import ScoutError, TargetGone
 from scout_sys.model import Diagnosis, Incident
 from scout_sys.report import printable, render
+from scout_sys.text import compress
 from scout_sys.tui.source import Source, save_report
-from scout_sys.tui.state import category, compress, group_stacks, parse_filter, suspects
+from scout_sys.tui.state import category, group_stacks, parse_filter, suspects
 from scout_sys.tui.widgets import (
     Cell,
     DevicePanel,

@@ -63,7 +63,7 @@ def markdown_report(s: Any) -> str:
     stacks = s.stacks or {r: v.stack for r, v in s.views.items() if v.stack}
     groups = group_stacks(stacks, suspect=suspects(s.incidents))
     if groups:
-        from scout_sys.tui.state import compress
+        from scout_sys.text import compress
 
         lines += ["## Stacks (main thread, innermost first)", ""]
         for g in groups:

@@ -27,10 +27,10 @@ from scout_sys.model import (
     SchedSample,
     SignalRecord,
     ThreadSched,
-    signal_name,
 )
 from scout_sys.probes.ebpf._btf import member_offset
 from scout_sys.probes.ebpf._common import DEBUGFS_EVENTS, Clock, common_reason, host_pid, load_bcc, render
+from scout_sys.text import signal_name
 
 REQUIRED = ("sched/sched_switch", "sched/sched_process_exit", "signal/signal_generate")
 OPTIONAL = ("oom/mark_victim", "syscalls/sys_enter_exit_group")
