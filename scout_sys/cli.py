@@ -37,6 +37,8 @@ examples:
 
 _WATCH_EPILOG = """\
 examples:
+  torchrun --nproc-per-node 8 train.py &                 # start the job and the watch together:
+  sudo scout-sys watch --job $! --headless --json >> incidents.jsonl   # waits for the ranks
   sudo scout-sys watch --job 12345                       # the dashboard
   sudo scout-sys watch --job 12345 --headless            # one line per incident event
   sudo scout-sys watch --job 12345 --headless --json     # one JSON object per line
@@ -82,9 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--native", action="store_true",
                    help="once a hang is confirmed, add native stacks of the origin ranks (pauses them briefly)")
     d.add_argument("-q", "--quiet", action="store_true", help="verdict only, no evidence")
-    d.add_argument("--ebpf", action="store_true",
+    d.add_argument("--ebpf", action=argparse.BooleanOptionalAction, default=False,
                    help="also attach the eBPF probes (collective sequence numbers, exits and signals) before "
-                        "the window; compiling them adds several seconds (see docs/ebpf.md)")
+                        "the window; compiling them adds several seconds (default: off; see docs/ebpf.md)")
 
     dm = sub.add_parser("demo", help="start a 4-rank demo job with one faulty rank, diagnose it, stop it",
                         epilog=_DEMO_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -112,7 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--json", action="store_true", help="with --headless: one JSON object per line per event")
     w.add_argument("--state-dir", default=None, metavar="DIR",
                    help="where evidence bundles go (default: /var/lib/scout-sys as root, else ~/.local/state/scout-sys)")
-    w.add_argument("--no-ebpf", action="store_true", help="do not attach the eBPF probes")
+    w.add_argument("--ebpf", action=argparse.BooleanOptionalAction, default=True,
+                   help="attach the eBPF probes in the background (default: on; --no-ebpf leaves them out)")
+    w.add_argument("--wait-ranks", type=float, default=None, metavar="SECONDS",
+                   help="when the job has no rank yet (watch started with the launcher), wait at most this long "
+                        "for its ranks (default: as long as the selected process lives)")
 
     sub.add_parser("doctor", help="check eBPF, py-spy, ptrace and NVML prerequisites and say how to fix them")
     return p
@@ -170,12 +176,12 @@ def _watch(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from scout_sys.model import Event
-    from scout_sys.monitor import STACKS_EVERY, Watcher
+    from scout_sys.model import Event, Job
     from scout_sys.report import printable
+    from scout_sys.watch import Watcher
 
-    if args.interval <= 0 or (args.stall_after is not None and args.stall_after <= 0):
-        raise ScoutError("--interval and --stall-after must be positive")
+    if args.interval <= 0 or any(v is not None and v <= 0 for v in (args.stall_after, args.wait_ranks)):
+        raise ScoutError("--interval, --stall-after and --wait-ranks must be positive")
     if bool(args.job) == bool(args.report):
         raise ScoutError("watch needs exactly one of --job SEL (a live job) or --report FILE (a saved report)")
     if args.report:
@@ -185,7 +191,7 @@ def _watch(args: argparse.Namespace) -> int:
         return run_dashboard(ReportSource(args.report))
     dashboard = not args.headless and not args.json and sys.stdout.isatty()
     watcher = Watcher(args.job, interval=args.interval, stall_after=args.stall_after, state_dir=args.state_dir,
-                      ebpf=not args.no_ebpf, topology=args.topology, stack_refresh=STACKS_EVERY if dashboard else None)
+                      ebpf=args.ebpf, topology=args.topology, wait_ranks=args.wait_ranks)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     watcher.start()
@@ -214,13 +220,15 @@ def _watch(args: argparse.Namespace) -> int:
             if e.bundle:
                 print(printable(f"  evidence saved to {e.bundle}"), flush=True)
 
-        if not args.json:
-            job = watcher.job
-            assert job is not None
-            print(f"watching {job.world_size} ranks ({len(job.ranks)} on {job.host}), launcher {job.launcher} "
-                  f"pid {job.launcher_pid}; Ctrl-C to stop", flush=True)
+        def on_job(job: Job) -> None:
+            if not args.json:
+                print(f"watching {job.world_size} ranks ({len(job.ranks)} on {job.host}), launcher {job.launcher} "
+                      f"pid {job.launcher_pid}; Ctrl-C to stop", flush=True)
+
+        if watcher.job is None:
+            print(f"scout-sys: {watcher.waiting}", file=sys.stderr, flush=True)
         try:
-            rc = watcher.run(emit, stop)
+            rc = watcher.run(emit, stop, on_job=on_job)
         except KeyboardInterrupt:
             rc = 1 if watcher.ever_opened else 0
         if not args.json:

@@ -75,6 +75,8 @@ class Job:
     peer_groups: tuple[tuple[int, ...], ...] = ()
     notes: tuple[str, ...] = ()
     layout: str = ""  # where peer_groups came from (scout_sys.topology); "" when unknown
+    # Global ranks that run on other hosts: not observed here, never judged here.
+    remote: tuple[int, ...] = ()
 
     def by_rank(self) -> dict[int, Rank]:
         return {r.rank: r for r in self.ranks}
@@ -288,6 +290,7 @@ class Diagnosis:
                 "launcher": self.job.launcher,
                 "launcher_pid": self.job.launcher_pid,
                 "ranks": ranks,
+                **({"not_observed": list(self.job.remote)} if self.job.remote else {}),
                 **({"layout": self.job.layout, "peer_groups": [list(g) for g in self.job.peer_groups]}
                    if self.job.peer_groups else {}),
             },

@@ -41,6 +41,7 @@ import signal
 import sys
 import tempfile
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -58,6 +59,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    choices=["none", "hang", "stop", "busy", "exit", "slow", "desync", "desync-size"])
     p.add_argument("--fault-rank", type=int, default=2)
     p.add_argument("--fault-step", type=int, default=5)
+    p.add_argument("--fault-when", default=None, metavar="PATH",
+                   help="inject the fault at the first step >= --fault-step at which PATH exists (tests that "
+                        "must attach something first)")
     p.add_argument("--exit-code", type=int, default=3)
     p.add_argument("--fault-once", action="store_true",
                    help="inject the fault only in the first attempt (TORCHELASTIC_RESTART_COUNT=0)")
@@ -144,16 +148,25 @@ def average_gradients(model: nn.Module) -> torch.Tensor:
     return flat
 
 
-def wait_for_buckets(works: list, spin: bool) -> None:
-    """The GPU shape's wait: poll and yield (the CUDA driver's spin-wait), or block in ``wait()``."""
+def wait_for_buckets(works: list, spin: bool, deadline: float) -> None:
+    """The GPU shape's wait: poll and yield (the CUDA driver's spin-wait), or block in ``wait()``.
+    Past ``deadline`` the rank exits, so a forgotten demo never spins forever."""
     if spin:
         while not all(w.is_completed() for w in works):
             os.sched_yield()
+            if time.time() > deadline:
+                os._exit(0)
     for w in works:
-        w.wait()  # returns at once when completed; raises the collective's error if it failed
+        try:  # returns at once when completed; raises the collective's error if it failed
+            w.wait(timedelta(seconds=max(1.0, deadline - time.time())))
+        except RuntimeError:
+            if time.time() > deadline:
+                os._exit(0)
+            raise
 
 
-def average_gradients_async(model: nn.Module, buckets: int, spin: bool, *, desync: str = "none") -> None:
+def average_gradients_async(model: nn.Module, buckets: int, spin: bool, deadline: float, *,
+                            desync: str = "none") -> None:
     """DDP-style bucketed reduction with ``async_op=True``: enqueue every bucket, then wait.
     ``desync``: ``desync`` issues a broadcast for the first bucket, ``desync-size`` a longer all_reduce."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -168,7 +181,7 @@ def average_gradients_async(model: nn.Module, buckets: int, spin: bool, *, desyn
         else:
             works.append(dist.all_reduce(flat, async_op=True))
         flats.append((grads[i:i + per], flat))
-    wait_for_buckets(works, spin)
+    wait_for_buckets(works, spin, deadline)
     for bucket, flat in flats:
         flat /= dist.get_world_size()
         offset = 0
@@ -217,12 +230,15 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         mark("start", world=world, pid=os.getpid())
     step = 0
+    fault_step = args.fault_step
     try:
         for step in range(args.steps):
+            if mine and step >= fault_step and args.fault_when and not os.path.exists(args.fault_when):
+                fault_step = step + 1  # not yet
             if time.time() > deadline:
                 break
             t0 = time.time()
-            if mine and step == args.fault_step and args.fault not in ("none", "slow"):
+            if mine and step == fault_step and args.fault not in ("none", "slow"):
                 mark("fault", kind=args.fault, rank=rank, step=step, pid=os.getpid())
                 if args.fault == "hang":
                     load_next_batch_stuck(deadline)
@@ -238,17 +254,17 @@ def main(argv: list[str] | None = None) -> int:
             loss = nn.functional.cross_entropy(model(x), y)
             loss.backward()
             if args.sync != "blocking":
-                average_gradients_async(model, args.buckets, args.sync == "spin",
-                                        desync=args.fault if mine and step == args.fault_step else "none")
+                average_gradients_async(model, args.buckets, args.sync == "spin", deadline,
+                                        desync=args.fault if mine and step == fault_step else "none")
             else:
-                if mine and step == args.fault_step and args.fault == "desync":
+                if mine and step == fault_step and args.fault == "desync":
                     desync_collective(torch.zeros(8))
-                elif mine and step == args.fault_step and args.fault == "desync-size":
+                elif mine and step == fault_step and args.fault == "desync-size":
                     desync_size(torch.zeros(8))
                 average_gradients(model)
             opt.step()
-            if mine and args.fault == "slow" and step >= args.fault_step:
-                if step == args.fault_step:
+            if mine and args.fault == "slow" and step >= fault_step:
+                if step == fault_step:
                     mark("fault", kind="slow", rank=rank, step=step, pid=os.getpid())
                 extra_compute(args.step_time * (args.slow_factor - 1.0))
             if args.checkpoint_every and step and step % args.checkpoint_every == 0:
