@@ -23,6 +23,7 @@ from scout_sys.consensus import desync, hang, hardware, lifecycle, straggler
 from scout_sys.consensus.hang import where_of
 from scout_sys.consensus.patterns import collective_of, short_path
 from scout_sys.errors import SUDO_HINT, PermissionDenied, ProbeUnavailable, ScoutError
+from scout_sys.files import private_dirs, private_opener
 from scout_sys.job import find_job
 from scout_sys.model import (
     ATTRIBUTED,
@@ -32,6 +33,7 @@ from scout_sys.model import (
     PROCESS_EXIT,
     PROCESS_STALL,
     STRAGGLER,
+    CollectiveSample,
     Diagnosis,
     Event,
     Evidence,
@@ -331,6 +333,7 @@ class Watcher:
         self.ended = False
         self._launcher_pid: int | None = None
         self.snapshot: Snapshot | None = None
+        self._figures: tuple[dict[int, float], dict[int, dict[str, int]]] = ({}, {})
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -373,6 +376,7 @@ class Watcher:
         procs = mon.procfs.sample()
         batch: list[Observation] = [*procs, *mon._sample_extra()]
         self._remember(batch, now)
+        self._figures = live_figures(batch, now)
         events: list[Event] = []
 
         respawning = bool(self.job.missing) and bool(self._launcher_pid) and _alive(self._launcher_pid or 0)
@@ -600,7 +604,7 @@ class Watcher:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(inc.since))
         path = os.path.join(self.state_dir, "bundles", f"{stamp}-{inc.id}-{inc.kind}")
         try:
-            os.makedirs(path, exist_ok=True)
+            private_dirs(path)
         except OSError as e:
             self._notes.append(f"cannot save the evidence bundle under {self.state_dir}: {e}")
             return None
@@ -624,8 +628,35 @@ class Watcher:
             step_times={r: tuple(v) for r, v in self._period.items()},
             wait_fractions={r: tuple(1.0 - x for x in v) for r, v in self._busy.items()},
             stacks=dict(self._stacks), devices=dict(self._devices), ended=self.ended, bundle=self._bundle,
-            notes=tuple(self._notes[-10:]),
+            notes=tuple(self._notes[-10:]), pauses=self._figures[0], seqs=self._figures[1],
+            lost_events=lost_events(self.monitor),
         )
+
+
+def live_figures(batch: Sequence[Observation], now: float) -> tuple[dict[int, float], dict[int, dict[str, int]]]:
+    """Per rank, from one poll's observations: seconds its main thread has been off CPU, and (eBPF) its
+    position in each process group's collective sequence."""
+    pauses: dict[int, float] = {}
+    seqs: dict[int, dict[str, int]] = {}
+    for o in batch:
+        if isinstance(o, ProcSample) and o.alive:
+            pauses[o.rank] = 0.0 if o.status == "running" or o.main_last_ran is None else max(0.0, now - o.main_last_ran)
+        elif isinstance(o, CollectiveSample):
+            seqs.setdefault(o.rank, {})[o.group] = o.seq
+    return pauses, seqs
+
+
+def lost_events(mon: Monitor) -> int | None:
+    """Records the attached eBPF probes dropped because a bounded kernel map was full; None: none attached."""
+    counts = []
+    for p in mon.extra:
+        lost = getattr(p, "lost", None)
+        if callable(lost) and mon._on(p):
+            try:
+                counts.append(int(lost()))
+            except Exception:  # noqa: BLE001 - a count we cannot read is left out, never fatal
+                continue
+    return sum(counts) if counts else None
 
 
 def _shape(text: str) -> str:
@@ -642,7 +673,7 @@ def _alive(pid: int) -> bool:
 
 def _write_json(path: str, obj: object) -> None:
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    with open(tmp, "w", opener=private_opener) as f:
         json.dump(obj, f, indent=1, default=str)
     os.replace(tmp, path)
 

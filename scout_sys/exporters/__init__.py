@@ -1,0 +1,76 @@
+"""Sinks: what the watch hands to the cluster's tooling — Prometheus metrics (``prometheus.py``), incident
+hooks (``hooks.py``), an events file (``events.py``).
+
+Every sink has one small contract: ``on_event(e)`` for each :class:`~scout_sys.model.Event` (the object
+``watch --headless --json`` prints), ``on_snapshot(s, took)`` after each poll with the
+:class:`~scout_sys.model.Snapshot` the watcher published and how long the poll took, and ``close()``.
+A sink never blocks the poll: slow work (HTTP, hooks, fsync) runs on its own threads. A sink that
+raises is reported through ``say`` and the others — and the watch — go on.
+
+:class:`Sinks` feeds them by wrapping the watcher's ``poll``, so the headless loop (``Watcher.run``) and
+the dashboard's poll worker feed them alike without knowing about them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from scout_sys.model import Event, Snapshot
+
+
+class Sink(Protocol):
+    def on_event(self, e: Event) -> None: ...
+
+    def on_snapshot(self, s: Snapshot, took: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Sinks:
+    """A list of sinks fed together; a failing sink is reported, never fatal."""
+
+    def __init__(self, sinks: Sequence[Sink], say: Callable[[str], None]) -> None:
+        self.sinks = list(sinks)
+        self.say = say
+
+    def _each(self, method: str, *args: Any) -> None:
+        for s in self.sinks:
+            try:
+                getattr(s, method)(*args)
+            except Exception as e:  # noqa: BLE001 - one sink's failure must not stop the watch
+                self.say(f"scout-sys: {type(s).__name__}.{method} failed: {e}")
+
+    def on_event(self, e: Event) -> None:
+        self._each("on_event", e)
+
+    def on_snapshot(self, s: Snapshot, took: float) -> None:
+        self._each("on_snapshot", s, took)
+
+    def close(self) -> None:
+        self._each("close")
+
+    def attach(self, watcher: Any) -> None:
+        """Feed the sinks from every ``watcher.poll()`` from now on (and its current snapshot now)."""
+        if not self.sinks:
+            return
+        inner = watcher.poll
+        clock = time.monotonic
+
+        def poll() -> list[Event]:
+            t0 = clock()
+            events = inner()
+            took = clock() - t0
+            for e in events:
+                self.on_event(e)
+            if watcher.snapshot is not None:
+                self.on_snapshot(watcher.snapshot, took)
+            return events
+
+        watcher.poll = poll
+        if watcher.snapshot is not None:
+            self.on_snapshot(watcher.snapshot, 0.0)
+
+
+__all__ = ["Sink", "Sinks"]
