@@ -334,3 +334,78 @@ def test_bad_prometheus_values_on_the_command_line_say_one_line_and_exit_2() -> 
             assert out.returncode == 2, out
             assert out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
             assert out.stderr.startswith(f"scout-sys: error: --prometheus {value}") and says in out.stderr
+
+
+# ------------------------------------------------------------------------------------------ examples and docs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _every_metric_name() -> set[str]:
+    """Every metric name the exporter can show (a snapshot with devices, eBPF, incidents, a verdict)."""
+    ex = PrometheusExporter("127.0.0.1:0")
+    try:
+        ex.on_event(OPENED)
+        ex.on_snapshot(_snapshot((HANG_2,)), 0.01)
+        s = _snapshot((HANG_2,))
+        s.devices[0].update({"mem_total": 2**34, "temperature_c": 60, "power_w": 300.0, "ecc_uncorrected": 0})
+        ex.on_snapshot(s, 0.01)
+        return {name for name, _ in _samples(generate_latest(ex.registry).decode())}
+    finally:
+        ex.close()
+
+
+def test_examples_and_docs_name_only_metrics_that_exist() -> None:
+    import re
+
+    names = _every_metric_name()
+    docs = open(os.path.join(REPO, "docs", "metrics.md")).read()
+    for f in ("examples/prometheus-alerts.yml", "examples/grafana-dashboard.json", "docs/metrics.md"):
+        used = set(re.findall(r"\b(scout_sys_[a-z_]+[a-z])\b", open(os.path.join(REPO, f)).read()))
+        assert used and used <= names, (f, used - names)
+    # and every metric is documented
+    assert {n.removesuffix("_total") for n in names if n.startswith("scout_sys_")} <= \
+        {n.removesuffix("_total") for n in re.findall(r"\b(scout_sys_[a-z_]+[a-z])\b", docs)}
+    json.load(open(os.path.join(REPO, "examples", "grafana-dashboard.json")))
+
+
+def test_on_incident_example_dry_run_says_what_it_would_do() -> None:
+    out = subprocess.run([os.path.join(REPO, "examples", "on-incident.sh"), "--dry-run", "--drain",
+                          "--webhook", "https://hooks.example/x"], input=json.dumps(OPENED.to_json()) + "\n",
+                         capture_output=True, text=True, timeout=30, env={"PATH": os.environ["PATH"]})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("would run: curl ") and lines[0].endswith(" https://hooks.example/x")
+    assert "rank\\(s\\)\\ 2\\ on\\ node7" in lines[0]
+    assert lines[1] == ("would run: scontrol update nodename=node7 state=drain "
+                        "reason=scout-sys\\ inc-1:\\ hang\\ rank\\(s\\)\\ 2")
+
+
+def test_on_incident_example_posts_to_a_webhook() -> None:
+    import http.server
+    import threading
+
+    got: list[bytes] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            got.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        closed = Event("incident_closed", T, HANG_2)
+        out = subprocess.run([os.path.join(REPO, "examples", "on-incident.sh"), "--drain", "--webhook",
+                              f"http://127.0.0.1:{srv.server_address[1]}/hook"],
+                             input=json.dumps(closed.to_json()), capture_output=True, text=True, timeout=30)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(b)["text"] for b in got] == [
+        "scout-sys closed inc-1: hang (attributed) rank(s) 2 on node7: rank 2 hung; the others wait in all_reduce"]
