@@ -409,3 +409,11 @@ def test_on_incident_example_posts_to_a_webhook() -> None:
     assert out.returncode == 0, out.stderr
     assert [json.loads(b)["text"] for b in got] == [
         "scout-sys closed inc-1: hang (attributed) rank(s) 2 on node7: rank 2 hung; the others wait in all_reduce"]
+
+
+def test_saved_reports_are_private(tmp_path) -> None:
+    from scout_sys.tui.source import save_report
+
+    paths = save_report(_snapshot((HANG_2,)), str(tmp_path / "reports"))
+    assert stat.S_IMODE(os.stat(tmp_path / "reports").st_mode) == 0o700
+    assert [stat.S_IMODE(os.stat(p).st_mode) for p in paths] == [0o600, 0o600]
