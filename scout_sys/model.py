@@ -344,6 +344,10 @@ class Snapshot:
     ended: bool = False
     bundle: str | None = None
     notes: tuple[str, ...] = ()
+    # live figures of the last poll (exporters; not part of a saved report)
+    pauses: dict[int, float] = field(default_factory=dict, hash=False, compare=False)  # main thread off CPU, s
+    seqs: dict[int, dict[str, int]] = field(default_factory=dict, hash=False, compare=False)  # eBPF: group -> seq
+    lost_events: int | None = None  # eBPF records dropped by full kernel maps; None: no eBPF probe on
 
     # ------------------------------------------------------------ its saved form (a report)
     def diagnosis(self) -> Diagnosis:

@@ -133,6 +133,11 @@ class Monitor:
                     self.probe_status[p.name] = f"sampling failed: {e}"
         return out
 
+    def lost_events(self) -> int | None:
+        """Updates the started eBPF probes dropped (bounded kernel maps full); None: none reports any."""
+        counts = [p.health().lost for p in self.extra if self._on(p) and p.name.startswith("ebpf")]
+        return sum(counts) if counts else None
+
     def health_notes(self) -> list[str]:
         """What the started probes say about themselves: features off, events lost."""
         notes = []

@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from scout_sys.consensus import hardware, lifecycle
 from scout_sys.consensus.patterns import collective_of
@@ -52,6 +53,9 @@ from scout_sys.watch.incidents import IncidentBook
 from scout_sys.watch.progress import Progress, Rotation
 from scout_sys.watch.restart import ENDED, FOUND, SAME, RankFinder
 from scout_sys.watch.straggler import StragglerWatch
+
+if TYPE_CHECKING:
+    from scout_sys.exporters import Sink
 
 HANG_KINDS = frozenset({HANG, PROCESS_STALL, PROCESS_EXIT, DESYNC})
 HISTORY_SECONDS = 60.0
@@ -84,6 +88,7 @@ class Watcher:
         self.job: Job | None = None
         self.started = 0.0
         self.waiting: str | None = None  # what the watch waits for, before the first job (for people)
+        self.sinks: list[Sink] = []  # fed every event and snapshot (scout_sys/exporters)
         self.ended = False
         self.snapshot: Snapshot | None = None
         self._obs: deque[Observation] = deque()
@@ -162,6 +167,18 @@ class Watcher:
 
     # ------------------------------------------------------------------ one poll
     def poll(self) -> list[Event]:
+        """One iteration: its events; the sinks get them and the new snapshot."""
+        t0 = time.monotonic()
+        events = self._poll()
+        took = time.monotonic() - t0
+        for sink in self.sinks:
+            for e in events:
+                sink.on_event(e)
+            if self.snapshot is not None:
+                sink.on_snapshot(self.snapshot, took)
+        return events
+
+    def _poll(self) -> list[Event]:
         now = self.clock()
         if self.job is None:
             self._look_for_ranks(now)  # raises NoRanks when the selector ended without ranks
@@ -308,5 +325,6 @@ class Watcher:
             step_times={r: tuple(v) for r, v in self.stragglers.period.items()},
             wait_fractions={r: tuple(1.0 - x for x in v) for r, v in self.stragglers.busy.items()},
             stacks=dict(self._stacks), devices=dict(self._devices), ended=self.ended, bundle=self._bundle,
-            notes=tuple(self._notes[-10:]),
+            notes=tuple(self._notes[-10:]), pauses=self.progress.pauses(), seqs=self.progress.seqs(),
+            lost_events=self.monitor.lost_events(),
         )

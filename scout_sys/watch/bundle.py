@@ -3,7 +3,7 @@ watchdogs kill the job — every rank's stacks (native ones too: pausing a hung 
 process states, the last window's diagnosis and observations.
 
 Bundles hold kernel stacks, native stacks and command lines of other users' jobs: they are created
-private (folders 0700, files 0600).
+private (folders 0700, files 0600, or group-readable with ``watch --group``: scout_sys/files.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from scout_sys.files import private_dirs, private_opener
 from scout_sys.model import Diagnosis, Incident, Job, Observation
 
 MAX_OBSERVATIONS = 2000
@@ -27,26 +28,10 @@ def default_state_dir() -> str:
     return os.path.join(base, "scout-sys")
 
 
-def private_dir(path: str) -> None:
-    """``mkdir -p`` whose new folders are 0700 (whatever the umask)."""
-    missing = []
-    p = os.path.abspath(path)
-    while not os.path.isdir(p):
-        missing.append(p)
-        p = os.path.dirname(p)
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, 0o700)
-        except FileExistsError:
-            pass
-        os.chmod(d, 0o700)
-
-
 def write_json(path: str, obj: object) -> None:
-    """Write atomically (a temporary file, then rename), readable by its owner only."""
+    """Write atomically (a temporary file, then rename), with the private file mode (scout_sys/files.py)."""
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
+    with open(tmp, "w", opener=private_opener) as f:
         json.dump(obj, f, indent=1, default=str)
     os.replace(tmp, path)
 
@@ -57,7 +42,7 @@ def save(state_dir: str, inc: Incident, job: Job, diagnosis: Diagnosis | None,
     background: it pauses the ranks for a moment) returns native StackSamples. Raises OSError."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(inc.since))
     path = os.path.join(state_dir, "bundles", f"{stamp}-{inc.id}-{inc.kind}")
-    private_dir(path)
+    private_dirs(path)
     diag = diagnosis.to_json() if diagnosis is not None else {}
     diag["incident"] = inc.to_json()
     write_json(os.path.join(path, "diagnosis.json"), diag)

@@ -64,6 +64,14 @@ class Progress:
                 groups[o.group] = max(groups.get(o.group, 0), o.seq)
                 _advance(self._seq, o.rank, sum(groups.values()), o.time)
 
+    def pauses(self) -> dict[int, float]:
+        """Per rank, how long its main thread had been off CPU at the last procfs sample."""
+        return dict(self._pause)
+
+    def seqs(self) -> dict[int, dict[str, int]]:
+        """Per rank (eBPF): its position in each process group's collective sequence."""
+        return {r: dict(g) for r, g in self._seq_groups.items()}
+
     def stalled(self, rank: int, now: float) -> tuple[float, str]:
         """(seconds without progress, the signal that says so) for one rank."""
         seq = self._seq.get(rank)
