@@ -121,7 +121,7 @@ def test_healthy_ranks_moving_through_steps():
         obs += _rank_obs(r, stacks=seq[r % 2:] + seq[: r % 2], status="running", main_cpu_per_s=0.5, cpu_per_s=0.6)
     incidents, acts, _ = _analyze(_job(4), obs)
     assert incidents == []
-    assert all(a.state == "running" for a in acts.values())
+    assert {r: a.state for r, a in acts.items()} == {r: "running" for r in range(4)}
 
 
 def test_same_collective_line_but_main_thread_running_is_not_waiting():
@@ -286,8 +286,9 @@ def test_spin_shape_rank_inside_a_collective_is_never_the_origin():
             obs += _rank_obs(r, stacks=WAIT_AR)
         else:
             obs += _rank_obs(r, stacks=SPINNING, status="running", main_cpu_per_s=0.95, cpu_per_s=1.0)
-    incidents, _, _ = _analyze(_job(4), obs)
-    assert all(2 not in i.ranks for i in incidents)
+    incidents, acts, _ = _analyze(_job(4), obs)
+    assert acts[2].state == "waiting"
+    assert all(2 not in i.ranks for i in incidents), incidents
 
 
 def test_two_ranks_spinning_and_stuck_elsewhere_are_inconclusive():

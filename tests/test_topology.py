@@ -9,10 +9,8 @@ from dataclasses import replace
 import pytest
 
 from scout_sys import topology as topo
-from scout_sys.consensus import hang
 from scout_sys.consensus.patterns import collective_of
 from scout_sys.job import with_layout
-from scout_sys.model import Frame
 from tests.test_hang_rules import C10D, SLEEPING, TRAIN, WAIT_AR, _analyze, _job, _rank_obs, _stack
 
 SP = "/venv/lib/python3.11/site-packages/"
@@ -142,7 +140,6 @@ def test_frames_of_pipelining_fsdp2_and_dtensor():
                               ("f", TRAIN, 1)))
     assert mg.p2p and mg.op == "pipeline p2p"
     assert collective_of(_stack(("Frame", "/x/frame.py", 1))) is None
-    assert Frame  # the model type the table matches
 
 
 # --------------------------------------------------------------------------- consensus within, then across groups
@@ -187,11 +184,14 @@ def test_every_stage_waits_on_one_stage():
     assert "pp=1" in incidents[0].summary
 
 
-def test_two_ranks_two_stages_is_still_inconclusive():
+def test_two_ranks_two_stages_names_nobody():
+    # one rank per stage: no strict majority anywhere, and one stage waiting in the pipeline's recv
+    # for the other is a pipeline bubble as often as a hang: nothing is reported, nobody is named.
     job = with_layout(_job(2), "pp=2")
     obs = _rank_obs(0, stacks=SLEEPING) + _rank_obs(1, stacks=PIPE_WAIT)
-    incidents, _, _ = _analyze(job, obs)
-    assert all(i.status == "inconclusive" for i in incidents)
+    incidents, acts, _ = _analyze(job, obs)
+    assert incidents == []
+    assert {r: a.state for r, a in acts.items()} == {0: "idle", 1: "waiting"}
 
 
 def test_desync_in_one_group_makes_the_other_groups_witnesses():
@@ -224,4 +224,3 @@ def test_single_group_semantics_unchanged():
     plain, _, _ = _analyze(_job(4), obs)
     given, _, _ = _analyze(replace(_job(4), peer_groups=((0, 1, 2, 3),)), obs)
     assert [(i.kind, i.ranks) for i in plain] == [(i.kind, i.ranks) for i in given] == [("hang", (2,))]
-    assert hang.STATES

@@ -194,11 +194,9 @@ async def test_mouse_click_selects_and_double_click_opens() -> None:
         await pilot.press("escape")
         # a click on an incident opens its evidence
         await pilot.pause()
-        tree = app.query_one(IncidentTree)
         await pilot.click(IncidentTree, offset=(8, 1))
         await until(pilot, lambda: isinstance(app.screen, TextScreen))
-        assert app.screen._title.startswith("incident")
-        assert tree is not None
+        assert app.screen._title == "incident hang"
 
 
 @sync
