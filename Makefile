@@ -1,7 +1,8 @@
 # scout-sys: everything a fresh Debian/Ubuntu machine needs, as root, idempotently.
 #   make        set up .venv and the eBPF prerequisites
 #   make demo   run a 4-rank demo job with one faulty rank and diagnose it
-#   make test   run the test suite (real torchrun jobs, real py-spy, real eBPF as root)
+#   make test   run the test suite (real torchrun jobs, real py-spy, real eBPF as root); an eBPF or
+#               real-job test that skips fails it (SCOUT_SYS_ALLOW_SKIPS=1 allows skips on purpose)
 #   make bench  run the benchmarks
 
 PY      ?= python3
@@ -32,7 +33,7 @@ ebpf: $(STAMP)
 	@bash scripts/setup-ebpf.sh $(VENV)
 
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	SCOUT_SYS_STRICT_SKIPS=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: setup
 	$(BIN)/scout-sys demo

@@ -13,16 +13,16 @@ from pathlib import Path
 import psutil
 
 from scout_sys.model import Job, Rank
+from tests._host import ebpf_reason
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "tests" / "jobs" / "gloo_job.py"
 
 
 def ebpf_skip_reason() -> str | None:
-    """Why real eBPF cannot run here (the tests skip with this reason), or None."""
-    from scout_sys.probes.ebpf._common import attach_mode_reason, common_reason
-
-    return common_reason() or attach_mode_reason()
+    """Why real eBPF cannot run here (the tests skip with this reason), or None: checked by the tests
+    themselves (tests/_host.py), never by the product's availability functions."""
+    return ebpf_reason()
 
 
 def free_port() -> int:

@@ -30,7 +30,8 @@ def test_one_line_per_check() -> None:
         assert any(w in c.detail for w in ("run", "mount", "install", "use a kernel", "echo", "pip")), c
 
 
-@pytest.mark.skipif(ebpf_skip_reason() is not None, reason=f"eBPF prerequisites missing: {ebpf_skip_reason()}")
+@pytest.mark.ebpf
+@pytest.mark.skipif(ebpf_skip_reason() is not None, reason=f"{ebpf_skip_reason()}")
 def test_usable_here_after_setup() -> None:
     """On a machine after `make` as root (CI): everything needed is usable, exit 0."""
     assert doctor.run(io.StringIO()) == 0

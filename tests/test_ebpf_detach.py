@@ -1,5 +1,6 @@
 """Probes are detached when the monitor dies, even by SIGKILL: bcc attaches uprobes through perf
-event fds (not the debugfs uprobe_events list), and the kernel frees them with the process."""
+event fds (not the debugfs uprobe_events list), and the kernel frees them with the process.
+Also: close() gives back every perf event fd and BPF program the probe created."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 import pytest
 
 from tests._ebpf_jobs import ROOT, ebpf_skip_reason
-from tests.test_ebpf_nccl import _libnccl
+from tests._host import libnccl as _libnccl
 
 REASON = ebpf_skip_reason()
 pytestmark = [pytest.mark.ebpf,
@@ -36,6 +37,23 @@ def bpf_prog_ids() -> set[int]:
         ids.add(start)
 
 
+def perf_event_fds(pid: int | str = "self") -> int:
+    """How many perf event fds the process holds (one per attached uprobe / uretprobe)."""
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            n += os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[perf_event]"
+        except OSError:
+            pass
+    return n
+
+
+def uprobe_events_naming(lib: str) -> list[str]:
+    """Entries of the debugfs uprobe list that name the library (bcc names them after its path)."""
+    name = os.path.basename(lib).replace(".", "_")
+    return [line for line in open(UPROBE_EVENTS).read().splitlines() if name in line]
+
+
 def _kill(p: subprocess.Popen) -> None:
     for fn in (os.killpg, os.kill):
         try:
@@ -56,17 +74,20 @@ def test_sigkill_of_monitor_detaches_everything() -> None:
                                    stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
                                    env=dict(os.environ, PYTHONPATH=str(ROOT)))
         assert monitor.stdout is not None
-        line = monitor.stdout.readline()
-        assert line.startswith("attached"), line
+        line = monitor.stdout.readline().split()
+        assert line[0] == "attached" and int(line[1]) > 0, line
         ours = bpf_prog_ids() - before
         assert ours, "the monitor loaded no BPF program"
-        assert "scout" not in open(UPROBE_EVENTS).read()  # fd-based, nothing left in the debugfs list
+        # fd-based: one perf event fd per uprobe in the monitor, no entry in the debugfs list
+        assert perf_event_fds(monitor.pid) == int(line[1])
+        assert uprobe_events_naming(str(_libnccl())) == []
         monitor.send_signal(signal.SIGKILL)
         monitor.wait(10)
         deadline = time.monotonic() + 15
         while ours & bpf_prog_ids() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not ours & bpf_prog_ids(), "BPF programs outlived the SIGKILLed monitor"
+        assert uprobe_events_naming(str(_libnccl())) == []
     finally:
         if monitor is not None:
             _kill(monitor)

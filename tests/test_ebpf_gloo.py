@@ -1,5 +1,6 @@
-"""Real eBPF on a real 4-rank torchrun Gloo job (root, bcc, kernel headers; skipped with the reason
-otherwise). Each job is killed by pid / process group at the end, pass or fail."""
+"""Real eBPF on a real 4-rank torchrun Gloo job, with the probe set and thresholds `watch` and
+`diagnose --ebpf` use (root, bcc, kernel headers; skipped with the reason otherwise). Each job is
+killed by pid / process group at the end, pass or fail."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import pytest
 
 from scout_sys.consensus import desync, lifecycle
 from scout_sys.model import DESYNC, PROCESS_EXIT, CollectiveSample, ExitRecord, SchedSample, SignalRecord
+from scout_sys.monitor import default_extra_probes
+from scout_sys.probes.ebpf.collectives import CollectiveProbe
+from scout_sys.probes.ebpf.sched import SchedProbe
 from tests._ebpf_jobs import TorchrunJob, ebpf_skip_reason
 
 REASON = ebpf_skip_reason()
@@ -19,11 +23,13 @@ pytestmark = [pytest.mark.ebpf, pytest.mark.slow,
               pytest.mark.skipif(REASON is not None, reason=f"eBPF unavailable: {REASON}")]
 
 
-def _probes():
-    from scout_sys.probes.ebpf.collectives import CollectiveProbe
-    from scout_sys.probes.ebpf.sched import SchedProbe
-
-    return CollectiveProbe(), SchedProbe()
+def _product_probes() -> tuple[CollectiveProbe, SchedProbe]:
+    """The kernel probes `watch` and `diagnose --ebpf` attach, as the product configures them."""
+    by_name = {p.name: p for p in default_extra_probes()}
+    assert set(by_name) == {"ebpf-collectives", "ebpf-sched"}, by_name
+    coll, sched = by_name["ebpf-collectives"], by_name["ebpf-sched"]
+    assert isinstance(coll, CollectiveProbe) and isinstance(sched, SchedProbe)
+    return coll, sched
 
 
 def _collect(probes, until: float, cond=None) -> list:
@@ -31,25 +37,33 @@ def _collect(probes, until: float, cond=None) -> list:
     obs: list = []
     while True:
         for p in probes:
-            obs.extend(p.sample())
+            obs.extend(p.sample(time.time()))
         if (cond and cond(obs)) or time.monotonic() > until:
             return obs
         time.sleep(0.5)
 
 
 def test_healthy_job_has_equal_sequences(tmp_path: Path) -> None:
-    coll, sched = _probes()
-    with TorchrunJob(tmp_path, "--steps", "15") as job:
+    """The product's probe set on a healthy job; beside it, the costly programs the product leaves
+    out (Gloo's per-message transport, every context switch), attached separately to the same job."""
+    coll, sched = _product_probes()
+    costly = [CollectiveProbe(transport=True), SchedProbe(switches=True)]
+    with TorchrunJob(tmp_path, "--steps", "15", "--hold", "2") as job:
         try:
             j = job.wait_ranks()
-            coll.start(j)
-            sched.start(j)
+            for p in (coll, sched, *costly):
+                p.start(j)
             job.start_stepping()
+
+            def all_done(obs: list) -> bool:  # the ranks hold 2 s after the last step: sample them alive
+                return {s.rank for s in obs if isinstance(s, CollectiveSample) and s.completed == 31} == {0, 1, 2, 3}
+
+            costly_obs = _collect(costly, time.monotonic() + 60, all_done)
             assert job.wait(60) == 0, job.log.read_text()[-2000:]
             obs = _collect([coll, sched], time.monotonic())
         finally:
-            coll.close()
-            sched.close()
+            for p in (coll, sched, *costly):
+                p.close()
     cs = [o for o in obs if isinstance(o, CollectiveSample)]
     assert sorted(s.rank for s in cs) == [0, 1, 2, 3] and {s.group for s in cs} == {"gloo:0"}
     # barrier + 15 steps x 2 all_reduce; the tag counter numbers them the same on every rank
@@ -63,12 +77,18 @@ def test_healthy_job_has_equal_sequences(tmp_path: Path) -> None:
     assert sorted((e.rank, e.exit_code, e.signal) for e in exits) == [(r, 0, None) for r in range(4)]
     assert lifecycle.analyze(j, obs) == []
     assert coll.lost() == 0 and sched.lost() == 0
+    # the costly programs: bytes each rank's Gloo transport sent, and its main thread's CPU time
+    sent = {s.rank: s.bytes_sent for s in costly_obs if isinstance(s, CollectiveSample)}
+    assert sorted(sent) == [0, 1, 2, 3] and all(b and b > 0 for b in sent.values()), sent
+    on_cpu = {s.rank: s.main().on_cpu_ns for s in costly_obs if isinstance(s, SchedSample) and s.main()}
+    assert sorted(on_cpu) == [0, 1, 2, 3] and min(on_cpu.values()) > 0, on_cpu
+    assert costly[0].lost() == 0 and costly[1].lost() == 0
 
 
 @pytest.mark.parametrize("fault,needle", [("other_op", "broadcast"), ("other_size", "4153 x float32")])
 def test_different_collective_is_desync(tmp_path: Path, fault: str, needle: str) -> None:
     """Rank 2 calls another collective (or another size) at step 3; then a person kills it."""
-    coll, sched = _probes()
+    coll, sched = _product_probes()
     with TorchrunJob(tmp_path, "--steps", "50", "--fault", fault, "--bad-rank", "2", "--bad-step", "3") as job:
         try:
             j = job.wait_ranks()
@@ -77,10 +97,10 @@ def test_different_collective_is_desync(tmp_path: Path, fault: str, needle: str)
             job.start_stepping()
 
             def found(obs: list) -> bool:
-                return any(i.kind == DESYNC for i in desync.analyze(j, obs, min_wait=0.5))
+                return any(i.kind == DESYNC for i in desync.analyze(j, obs))
 
             obs = _collect([coll, sched], time.monotonic() + 30, found)
-            incs = desync.analyze(j, obs, min_wait=0.5)
+            incs = desync.analyze(j, obs)
             assert [(i.kind, i.status, i.ranks) for i in incs] == [(DESYNC, "attributed", (2,))], incs
             assert needle in incs[0].summary and "#8" in incs[0].summary, incs[0].summary
             if fault == "other_size":
@@ -99,4 +119,25 @@ def test_different_collective_is_desync(tmp_path: Path, fault: str, needle: str)
     assert (first["signal"], first["sender_pid"]) == ("SIGKILL", os.getpid()), first
     sigs = [o for o in obs if isinstance(o, SignalRecord) and o.rank != 2 and o.signal == signal.SIGTERM]
     assert {s.sender_pid for s in sigs} == {job.proc.pid}  # the launcher ended the others
-    assert any(isinstance(o, SchedSample) and o.main() and o.main().on_cpu_ns > 0 for o in obs)
+
+
+def test_rank_behind_while_the_others_wait_at_the_product_threshold(tmp_path: Path) -> None:
+    """Rank 2 sleeps before step 5's collective: the others wait inside #12 and, once they waited
+    ``desync.MIN_WAIT`` (what the Monitor judges with), rank 2 is named behind at #11."""
+    coll, sched = _product_probes()
+    with TorchrunJob(tmp_path, "--steps", "50", "--fault", "hang", "--bad-rank", "2", "--bad-step", "5") as job:
+        try:
+            j = job.wait_ranks()
+            coll.start(j)
+            sched.start(j)
+            job.start_stepping()
+            obs = _collect([coll, sched], time.monotonic() + 30, lambda o: bool(desync.analyze(j, o)))
+        finally:
+            coll.close()
+            sched.close()
+    (inc,) = desync.analyze(j, obs)
+    assert (inc.kind, inc.status, inc.ranks) == (DESYNC, "attributed", (2,)), inc
+    assert "behind (at #11)" in inc.summary and "wait in #12" in inc.summary, inc.summary
+    latest = desync.latest(obs)
+    waited = min(latest[("gloo:0", r)].time - latest[("gloo:0", r)].last_enter for r in (0, 1, 3))
+    assert waited >= desync.MIN_WAIT

@@ -11,25 +11,20 @@ import signal
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from scout_sys.model import Job, Rank
 from tests._ebpf_jobs import ROOT, ebpf_skip_reason
+from tests._host import libnccl
+from tests.test_ebpf_detach import bpf_prog_ids, perf_event_fds
 
 pytestmark = pytest.mark.ebpf
 
 REASON = ebpf_skip_reason()
 
 
-def _libnccl() -> Path | None:
-    try:
-        import nvidia.nccl  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    lib = Path(list(nvidia.nccl.__path__)[0]) / "lib" / "libnccl.so.2"
-    return lib if lib.exists() else None
+_libnccl = libnccl
 
 
 @pytest.mark.skipif(REASON is not None, reason=f"eBPF unavailable: {REASON}")
@@ -41,6 +36,7 @@ def test_nccl_probe_reads_arguments() -> None:
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                              start_new_session=True)
     probe = CollectiveProbe()
+    fds_before, progs_before = perf_event_fds(), bpf_prog_ids()
     try:
         assert child.stdout is not None and child.stdin is not None
         ready = child.stdout.readline().split()
@@ -50,6 +46,8 @@ def test_nccl_probe_reads_arguments() -> None:
                   launcher="explicit", launcher_pid=None, host=socket.gethostname())
         probe.start(job)
         assert any("ncclAllReduce" in a for a in probe.attached)
+        assert perf_event_fds() - fds_before == len(probe.attached)
+        assert bpf_prog_ids() - progs_before
         child.stdin.write("\n")
         child.stdin.flush()
         rcs = child.stdout.readline().split()
@@ -70,6 +68,10 @@ def test_nccl_probe_reads_arguments() -> None:
         ]
         assert probe.nccl_returns() == {(child.pid, comm): 4}
         assert probe.lost() == 0
+        ours = bpf_prog_ids() - progs_before
+        probe.close()
+        # close() gave back every perf event fd and unloaded its programs (others' may come and go)
+        assert perf_event_fds() == fds_before and not ours & bpf_prog_ids()
     finally:
         probe.close()
         probe.close()  # idempotent

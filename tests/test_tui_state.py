@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from scout_sys.model import ATTRIBUTED, INCONCLUSIVE, Incident, RankView
 from scout_sys.text import compress
 from scout_sys.tui.state import (
@@ -51,9 +49,7 @@ def test_stack_groups_majority_and_outliers() -> None:
     odd = ("train.py:97 slow", "train.py:112 step", "train.py:160 main")
     stacks = {r: maj for r in range(10_000)}
     stacks[4321] = odd
-    t0 = time.perf_counter()
-    groups = group_stacks(stacks, suspect=frozenset({4321}))
-    assert time.perf_counter() - t0 < 0.5
+    groups = group_stacks(stacks, suspect=frozenset({4321}))  # its speed: benchmarks/stack_grouping.py
     assert [len(g.ranks) for g in groups] == [9999, 1]
     assert groups[0].majority and not groups[0].suspect and groups[0].differs == 0
     assert groups[1].ranks == (4321,) and groups[1].suspect and groups[1].differs == 2

@@ -13,9 +13,11 @@ import time
 
 import pytest
 
+from scout_sys.demo.launch import free_port
 from scout_sys.job import find_job
 from scout_sys.model import ATTRIBUTED, HANG, STRAGGLER
 from scout_sys.watch import Watcher
+from tests._host import HOST_PREFIX, ebpf_reason
 
 pytestmark = pytest.mark.slow
 
@@ -89,10 +91,8 @@ def test_hang_during_watch_opens_with_the_origin_and_keeps_its_evidence(start_jo
     job.wait_steps(2)
     w = watch_cli(job.pid, "--stall-after", "5", "--state-dir", str(tmp_path))
     job.wait_fault()
-    t_fault = time.time()
-    e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["kind"] == HANG, timeout=40)
+    e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["kind"] == HANG, timeout=60)
     assert e["incident"]["status"] == ATTRIBUTED and e["incident"]["ranks"] == [2], e
-    assert time.time() - t_fault < 30
     bundle = e["bundle"]
     assert bundle.startswith(str(tmp_path)) and os.path.isdir(bundle)
     # the job is killed (as a launcher or watchdog would): the evidence stays, the watch ends with 1
@@ -110,9 +110,7 @@ def test_straggler_extra_compute(start_job, tmp_path):
     job.wait_steps(2)
     with Watcher(str(job.pid), state_dir=str(tmp_path)) as w:
         job.wait_fault()
-        t0 = time.time()
-        evs = _poll_until(w, lambda e: e.event == "incident_opened" and e.incident.kind == STRAGGLER, timeout=45)
-        assert time.time() - t0 < 45
+        evs = _poll_until(w, lambda e: e.event == "incident_opened" and e.incident.kind == STRAGGLER, timeout=60)
     opened = [e.incident for e in evs if e.event == "incident_opened"]
     assert [(i.kind, i.ranks) for i in opened] == [(STRAGGLER, (1,))]
     assert "straggler" in opened[0].summary and opened[0].evidence
@@ -134,7 +132,7 @@ def _cpu_cgroup(quota_us: int) -> tuple[str, str]:
         with open(f"{d}/cpu.cfs_quota_us", "w") as f:
             f.write(str(quota_us))
     else:
-        pytest.skip("no cgroup CPU controller mounted")
+        pytest.skip(f"{HOST_PREFIX}a cgroup CPU controller")
     return d, f"{d}/cgroup.procs"
 
 
@@ -167,7 +165,7 @@ def test_healthy_job_watched_for_a_minute_opens_nothing(start_job, watch_cli, tm
     assert w.stop() == 0
 
 
-def test_periodic_checkpoint_pause_opens_no_attributed_incident(start_job, tmp_path):
+def test_periodic_checkpoint_pause_opens_no_incident(start_job, tmp_path):
     # rank 0 writes a checkpoint for ~2.5 s every 40 steps while the others wait at a barrier
     job = start_job(4, args=["--checkpoint-every", "40", "--checkpoint-seconds", "2.5"])
     job.wait_steps(2)
@@ -178,8 +176,8 @@ def test_periodic_checkpoint_pause_opens_no_attributed_incident(start_job, tmp_p
             evs += w.poll()
             time.sleep(0.5)
     assert job.log().count("SCOUT-DEMO checkpoint") >= 2
-    attributed = [e.incident for e in evs if e.event == "incident_opened" and e.incident.status == ATTRIBUTED]
-    assert attributed == []
+    # a healthy job: no incident at all, attributed or inconclusive (as diagnose's twin requires)
+    assert [(e.event, e.incident.kind, e.incident.status, e.incident.summary) for e in evs] == []
 
 
 def test_elastic_restart_is_followed(start_job, tmp_path):
@@ -206,22 +204,29 @@ def test_elastic_restart_is_followed(start_job, tmp_path):
         assert {v.state for v in w.snapshot.views.values()} - {"exited"}
 
 
+@pytest.mark.ebpf
+@pytest.mark.skipif(ebpf_reason() is not None, reason=f"{ebpf_reason()}")
 def test_sigterm_stops_watch_cleanly(start_job, watch_cli, tmp_path):
+    """SIGTERM once the eBPF probes are attached (the metrics say so): the watch detaches and exits 0
+    (stop() kills it after 30 s: an exit status of -9 would be a watch that never ended)."""
+    from tests.test_exporters_e2e import _get, _scrape
+
     job = start_job(4)
     job.wait_steps(2)
-    w = watch_cli(job.pid, "--state-dir", str(tmp_path))
-    time.sleep(8)  # long enough for the eBPF probes to attach
-    t0 = time.time()
+    port = free_port()
+    w = watch_cli(job.pid, "--state-dir", str(tmp_path), "--prometheus", f"127.0.0.1:{port}")
+    end = time.time() + 120
+    while time.time() < end and _get(_scrape(port, starting=True), "scout_sys_probe_up",
+                                     probe="ebpf-collectives") != [1.0]:
+        time.sleep(0.5)
+    m = _scrape(port)
+    assert [_get(m, "scout_sys_probe_up", probe=p) for p in ("ebpf-collectives", "ebpf-sched")] == [[1.0], [1.0]]
     assert w.stop() == 0
-    assert time.time() - t0 < 15
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the eBPF lifecycle probe needs root")
+@pytest.mark.ebpf
+@pytest.mark.skipif(ebpf_reason() is not None, reason=f"{ebpf_reason()}")
 def test_first_rank_to_die_is_named_when_torchrun_kills_the_rest(start_job, tmp_path):
-    from scout_sys.probes.ebpf.sched import SchedProbe
-
-    if SchedProbe().check():
-        pytest.skip(f"eBPF sched probe unavailable: {SchedProbe().check()}")
     job = start_job(4)
     job.wait_steps(2)
     with Watcher(str(job.pid), state_dir=str(tmp_path)) as w:
