@@ -4,6 +4,7 @@ killed by pid / process group at the end, pass or fail."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -12,11 +13,20 @@ from pathlib import Path
 import pytest
 
 from scout_sys.consensus import desync, lifecycle
-from scout_sys.model import DESYNC, PROCESS_EXIT, CollectiveSample, ExitRecord, SchedSample, SignalRecord
+from scout_sys.model import (
+    DESYNC,
+    PROCESS_EXIT,
+    CollectiveSample,
+    ExitRecord,
+    OomRecord,
+    SchedSample,
+    SignalRecord,
+)
 from scout_sys.monitor import default_extra_probes
 from scout_sys.probes.ebpf.collectives import CollectiveProbe
 from scout_sys.probes.ebpf.sched import SchedProbe
 from tests._ebpf_jobs import TorchrunJob, ebpf_skip_reason
+from tests._host import HOST_PREFIX, cgroup_memory
 
 REASON = ebpf_skip_reason()
 pytestmark = [pytest.mark.ebpf, pytest.mark.slow,
@@ -141,3 +151,60 @@ def test_rank_behind_while_the_others_wait_at_the_product_threshold(tmp_path: Pa
     latest = desync.latest(obs)
     waited = min(latest[("gloo:0", r)].time - latest[("gloo:0", r)].last_enter for r in (0, 1, 3))
     assert waited >= desync.MIN_WAIT
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit: int):
+    """A fresh memory cgroup (v2 memory.max, or v1 memory.limit_in_bytes) limited to ``limit`` bytes,
+    without swap; yields its cgroup.procs path and removes it at the end (its processes are dead)."""
+    found = cgroup_memory()
+    if found is None:
+        pytest.skip(f"{HOST_PREFIX}a writable cgroup memory controller")
+    version, root = found
+    d = Path(root) / f"scout-test-oom-{os.getpid()}-{time.monotonic_ns()}"
+    if version == "2" and "memory" not in (Path(root) / "cgroup.subtree_control").read_text().split():
+        (Path(root) / "cgroup.subtree_control").write_text("+memory")
+    d.mkdir()
+    try:
+        if version == "2":
+            (d / "memory.max").write_text(str(limit))
+            if (d / "memory.swap.max").exists():
+                (d / "memory.swap.max").write_text("0")
+        else:
+            (d / "memory.limit_in_bytes").write_text(str(limit))
+        yield d / "cgroup.procs"
+    finally:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                d.rmdir()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+
+def test_rank_killed_by_the_oom_killer_in_its_memory_cgroup(tmp_path: Path) -> None:
+    """Rank 1 runs in a 64 MiB memory cgroup and allocates at step 3: the kernel's OOM killer ends
+    it, torchrun then ends the others; the exit probe names rank 1 and says the OOM killer chose it."""
+    coll, sched = _product_probes()
+    with memory_cgroup(64 << 20) as procs, \
+            TorchrunJob(tmp_path, "--steps", "50", "--fault", "alloc", "--bad-rank", "1", "--bad-step", "3") as job:
+        try:
+            j = job.wait_ranks()
+            coll.start(j)
+            sched.start(j)
+            procs.write_text(str(j.by_rank()[1].pid))
+            job.start_stepping()
+            job.wait(60)
+            obs = _collect([coll, sched], time.monotonic() + 15,
+                           lambda o: sum(isinstance(x, ExitRecord) for x in o) == 4)
+        finally:
+            coll.close()
+            sched.close()
+    assert [o.rank for o in obs if isinstance(o, OomRecord)] == [1], job.log.read_text()[-2000:]
+    (inc,) = lifecycle.analyze(j, obs)
+    assert (inc.kind, inc.ranks) == (PROCESS_EXIT, (1,)), inc
+    assert "OOM killer" in inc.summary, inc.summary
+    assert inc.evidence[0].data["oom"] is True and inc.evidence[0].data["signal"] == "SIGKILL"

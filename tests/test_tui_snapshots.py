@@ -57,13 +57,13 @@ def snap_compare(name: str, snapshot: Any, *, size: tuple[int, int] = (140, 44),
 
     svg = asyncio.run(shoot())
     path = os.path.join(SNAPSHOTS, f"{name}.svg")
-    if os.environ.get("SCOUT_SNAPSHOT_UPDATE") == "1" or not os.path.exists(path):
-        if os.environ.get("CI") and not os.path.exists(path):
-            pytest.fail(f"no snapshot {path}: create it locally, look at it, commit it")
+    if os.environ.get("SCOUT_SNAPSHOT_UPDATE") == "1":
         os.makedirs(SNAPSHOTS, exist_ok=True)
         with open(path, "w") as f:
             f.write(svg)
         return
+    if not os.path.exists(path):
+        pytest.fail(f"no snapshot {path}: SCOUT_SNAPSHOT_UPDATE=1 writes it; look at it, commit it")
     with open(path) as f:
         want = f.read()
     if svg != want:

@@ -6,6 +6,7 @@ a little compute. Faults, on one rank at one step:
   --fault other_op    the bad rank calls broadcast where the others all_reduce
   --fault other_size  the bad rank all-reduces a tensor of a different size
   --fault hang        the bad rank sleeps forever before the step's collective
+  --fault alloc       the bad rank allocates (and touches) memory until something kills it (1 GiB at most)
 
 It starts stepping once the file given by --go exists (so a probe can attach first), rank 0 writes
 "STEPS SECONDS" to --out when given, and every rank sleeps --hold seconds at the end.
@@ -25,7 +26,7 @@ import torch.distributed as dist
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--fault", choices=["none", "other_op", "other_size", "hang"], default="none")
+    ap.add_argument("--fault", choices=["none", "other_op", "other_size", "hang", "alloc"], default="none")
     ap.add_argument("--bad-rank", type=int, default=2)
     ap.add_argument("--bad-step", type=int, default=5)
     ap.add_argument("--go", default="")
@@ -52,6 +53,11 @@ def main() -> None:
         head = torch.cat([p.grad.flatten() for p in model[2].parameters()])
         bad = rank == a.bad_rank and step == a.bad_step
         if bad and a.fault == "hang":
+            time.sleep(3600)
+        if bad and a.fault == "alloc":
+            hoard = []  # 1 MiB at a time, every page written: charged to the rank's memory cgroup;
+            while len(hoard) < 1024:  # at most 1 GiB when no limit stops it (then it hangs)
+                hoard.append(b"\x01" * (1 << 20))
             time.sleep(3600)
         if bad and a.fault == "other_op":
             dist.broadcast(weights, src=0)
