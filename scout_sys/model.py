@@ -140,10 +140,18 @@ class ProcSample:
     exit_code: int | None = None  # zombies: exit status
     exit_signal: int | None = None  # zombies: killed by this signal
     source: str = "procfs"
+    # in tracing-stop because py-spy reads its stack (a native dump pauses it for a moment: the watch's
+    # own evidence bundle, or someone's `diagnose --native`): a pause for a stack read, not a stop
+    paused_by_pyspy: bool = False
 
     @property
     def alive(self) -> bool:
         return self.status not in ("gone", "zombie", "dead")
+
+    @property
+    def stopped(self) -> bool:
+        """Stopped (SIGSTOP, or a debugger holds it); a py-spy dump's momentary pause is not a stop."""
+        return self.status in ("stopped", "tracing-stop") and not self.paused_by_pyspy
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scout_sys.consensus import hang
 from scout_sys.model import Frame, Job, ProcSample, Rank, StackSample, ThreadStack
 
@@ -27,7 +29,7 @@ SLEEPING = _stack(("load_batch", TRAIN, 12), ("step", TRAIN, 30), ("<module>", T
 
 
 def _rank_obs(rank: int, *, stacks, status="sleeping", main_cpu_per_s=0.0, cpu_per_s=0.0, n=5,
-              wrote_per_s=0, exit_code=None):
+              wrote_per_s=0, exit_code=None, paused_by_pyspy=False):
     """n samples one second apart; ``stacks`` is one stack or a list of n stacks."""
     out = []
     for i in range(n):
@@ -38,7 +40,7 @@ def _rank_obs(rank: int, *, stacks, status="sleeping", main_cpu_per_s=0.0, cpu_p
             continue
         out.append(ProcSample(time=t, rank=rank, pid=1000 + rank, status=st, cpu_time=cpu_per_s * i,
                               main_cpu_ns=int(main_cpu_per_s * i * 1e9), main_last_ran=T0 - 10 + rank,
-                              write_chars=wrote_per_s * i, read_chars=0))
+                              write_chars=wrote_per_s * i, read_chars=0, paused_by_pyspy=paused_by_pyspy))
         frames = stacks[i] if isinstance(stacks, list) else stacks
         out.append(StackSample(time=t, rank=rank, pid=1000 + rank,
                                threads=(ThreadStack(tid=1000 + rank, name="MainThread", active=False, frames=frames),)))
@@ -156,6 +158,19 @@ def test_two_ranks_with_a_stopped_one_is_decisive():
     obs = _rank_obs(0, stacks=WAIT_AR) + _rank_obs(1, stacks=SLEEPING, status="stopped")
     incidents, _, _ = _analyze(_job(2), obs)
     assert [(i.kind, i.status, i.ranks) for i in incidents] == [("process_stall", "attributed", (1,))]
+
+
+@pytest.mark.parametrize("by_pyspy,want", [
+    (True, [("hang", "attributed", (1,))]),  # the bundle's native dump paused the witnesses: no stall
+    (False, [("process_stall", "attributed", (0, 2, 3))]),  # a debugger holds them: they are stopped
+])
+def test_tracing_stop_of_a_py_spy_dump_is_not_a_stop(by_pyspy, want):
+    obs = []
+    for r in range(4):
+        obs += (_rank_obs(r, stacks=SLEEPING) if r == 1 else
+                _rank_obs(r, stacks=WAIT_AR, status="tracing-stop", paused_by_pyspy=by_pyspy))
+    incidents, _, _ = _analyze(_job(4), obs)
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == want
 
 
 def test_tie_between_waiting_and_stuck_is_inconclusive():

@@ -143,8 +143,8 @@ def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSamp
         base["stack_error"] = errors[-1]
 
     n = len(live)
-    stopped = sum(p.status in ("stopped", "tracing-stop") for p in procs)
-    if last.status in ("stopped", "tracing-stop") and 2 * stopped >= n:
+    stopped = sum(p.stopped for p in procs)
+    if last.stopped and 2 * stopped >= n:
         return Activity(state="stopped", **base)
     if all(p.status == "disk-sleep" for p in live) and n > 1:
         return Activity(state="disk-sleep", **base)

@@ -12,6 +12,7 @@ Cheap (a few file reads per rank) and never touches the job. Besides psutil it r
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import psutil
@@ -66,6 +67,15 @@ def main_thread_last_ran(pid: int, proc: str = PROC, now: float | None = None,
         return None
     wall = time.time() if now is None else now
     return wall - max(0.0, ref - ms / 1000.0)
+
+
+def traced_by_pyspy(pid: int, proc: str = "/proc") -> bool:
+    """Whether the process's tracer (/proc/PID/status TracerPid) is a py-spy reading its stack."""
+    status = _read(f"{proc}/{pid}/status") or ""
+    m = re.search(r"^TracerPid:\s*(\d+)", status, re.M)
+    if not m or m.group(1) == "0":
+        return False
+    return (_read(f"{proc}/{m.group(1)}/comm") or "").strip() == "py-spy"
 
 
 def zombie_exit(pid: int, proc: str = PROC) -> tuple[int | None, int | None]:
@@ -144,6 +154,7 @@ class ProcfsProbe:
             rank=rank,
             pid=pid,
             status=status,
+            paused_by_pyspy=status == "tracing-stop" and traced_by_pyspy(pid, self.proc),
             cpu_time=cpu.user + cpu.system,
             main_cpu_ns=main_cpu,
             main_delay_ns=main_delay,

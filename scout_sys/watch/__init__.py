@@ -60,7 +60,10 @@ if TYPE_CHECKING:
 HANG_KINDS = frozenset({HANG, PROCESS_STALL, PROCESS_EXIT, DESYNC})
 HISTORY_SECONDS = 60.0
 WAITING_TEXT = "waiting for the job's ranks…"
-DEAD_STATES = ("stopped", "tracing-stop", "zombie", "gone")
+def _dead(p: ProcSample) -> bool:
+    """Stopped or gone. A py-spy dump's momentary pause (ProcSample.stopped) is neither: the watch's
+    own native dump for an evidence bundle must not open a process_stall on the ranks it reads."""
+    return p.stopped or p.status in ("zombie", "gone")
 
 __all__ = ["HANG_KINDS", "WAITING_TEXT", "Watcher"]
 
@@ -98,6 +101,8 @@ class Watcher:
         self._notes: list[str] = []
         self._bundle: str | None = None
         self._last_diagnosis: Diagnosis | None = None
+        self._native_dumps = 0  # bundles' native dumps in flight: they pause ranks (see _hang_step)
+        self._native_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -217,12 +222,16 @@ class Watcher:
     def _hang_step(self, procs: Sequence[ProcSample], now: float) -> list[Event]:
         job, mon = self.job, self.monitor
         assert job is not None and mon is not None
-        decisive = bool(job.missing) or any(p.status in DEAD_STATES for p in procs)
+        decisive = bool(job.missing) or any(_dead(p) for p in procs)
         n = len(job.ranks) + len(job.missing)
         stall, signal = self.progress.majority([r.rank for r in job.ranks], n, now)
         hang_open = bool(self.book.of_kinds(HANG_KINDS))
         d = self.hang.decide(now, stall, signal, decisive=decisive, hang_open=hang_open,
                              learning=not job.missing and not mon.settling)
+        if d.confirm and self._native_dumps:
+            # a bundle's native dump holds ranks right now: a window would judge the pause we caused
+            # (witnesses frozen mid-collective look like a common-mode hang); decide once it is done
+            d = replace(d, confirm=False)
         if d.confirm:
             findings = self._confirm()
             self.hang.confirmed(now, found=bool(findings), stall=stall)
@@ -252,7 +261,7 @@ class Watcher:
     def _rotate_stacks(self, procs: Sequence[ProcSample]) -> list[StackSample]:
         """A few live ranks' stacks, in turn: cheap progress for the spin shape, and the dashboard's stacks."""
         assert self.monitor is not None
-        live = [p.rank for p in procs if p.alive and p.status not in DEAD_STATES]
+        live = [p.rank for p in procs if p.alive and not _dead(p)]
         samples = self.monitor.stacks.dump(set(self.rotation.take(live)))
         for s in samples:
             main = s.main()
@@ -287,7 +296,7 @@ class Watcher:
             old = self._views.get(p.rank)
             if not p.alive:
                 state = "exited"
-            elif p.status in ("stopped", "tracing-stop"):
+            elif p.stopped:
                 state = "stopped"
             elif p.status == "disk-sleep":
                 state = "disk-sleep"
@@ -300,6 +309,16 @@ class Watcher:
                                            cpu_percent=old.cpu_percent if old else None,
                                            stack=old.stack if old else ())
 
+    def _native_dump(self, mon: Monitor) -> list[StackSample]:
+        """Every rank's native stacks, for a bundle (in its thread); counted while it pauses ranks."""
+        with self._native_lock:
+            self._native_dumps += 1
+        try:
+            return mon.stacks.dump(native=True)
+        finally:
+            with self._native_lock:
+                self._native_dumps -= 1
+
     def _on_open(self, inc: Incident) -> tuple[Incident, str | None]:
         """A new incident: save a bundle for hangs, and say where it went."""
         if inc.kind not in HANG_KINDS:
@@ -308,7 +327,7 @@ class Watcher:
         mon = self.monitor
         try:
             path = bundle.save(self.state_dir, inc, self.job, self._last_diagnosis, list(self._obs),
-                               native_dump=lambda: mon.stacks.dump(native=True))
+                               native_dump=lambda: self._native_dump(mon))
         except OSError as e:
             self._notes.append(f"cannot save the evidence bundle under {self.state_dir}: {e}")
             return inc, None

@@ -1,0 +1,48 @@
+"""The procfs probe on real processes: a rank held in tracing-stop by py-spy (a native dump's
+momentary pause) is told apart from one held by any other tracer (a debugger)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from scout_sys.model import Job, Rank
+from scout_sys.probes.procfs import ProcfsProbe
+
+TRACER = """
+import ctypes, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(15, sys.argv[2].encode(), 0, 0, 0)  # PR_SET_NAME: what /proc/PID/comm shows
+target = int(sys.argv[1])
+for request in (0x4206, 0x4207):  # PTRACE_SEIZE, then PTRACE_INTERRUPT: the target stops, traced
+    assert libc.ptrace(ctypes.c_long(request), ctypes.c_long(target), None, None) == 0, ctypes.get_errno()
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="tracing another process needs root (or ptrace_scope 0)")
+@pytest.mark.parametrize("tracer,by_pyspy", [("py-spy", True), ("gdb", False)])
+def test_tracing_stop_names_whether_py_spy_holds_it(tracer: str, by_pyspy: bool) -> None:
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = subprocess.Popen([sys.executable, "-c", TRACER, str(target.pid), tracer], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        probe = ProcfsProbe()
+        probe.start(Job(ranks=(Rank(rank=0, pid=target.pid, host=socket.gethostname()),), world_size=1,
+                        launcher="explicit", launcher_pid=None, host=socket.gethostname()))
+        end = time.time() + 30
+        while (s := probe.sample(time.time())[0]).status != "tracing-stop" and time.time() < end:
+            time.sleep(0.05)
+        assert (s.status, s.paused_by_pyspy, s.stopped) == ("tracing-stop", by_pyspy, not by_pyspy)
+    finally:
+        for p in (holder, target):
+            p.send_signal(signal.SIGKILL)
+            p.wait(10)
