@@ -17,6 +17,7 @@ from scout_sys.demo.launch import free_port
 from scout_sys.job import find_job
 from scout_sys.model import ATTRIBUTED, HANG, STRAGGLER
 from scout_sys.watch import Watcher
+from scout_sys.watch.hang import MIN_STALL_AFTER
 from tests._host import HOST_PREFIX, ebpf_reason
 
 pytestmark = pytest.mark.slow
@@ -89,10 +90,13 @@ def _poll_until(w: Watcher, pred, timeout: float, interval: float = 0.5) -> list
 def test_hang_during_watch_opens_with_the_origin_and_keeps_its_evidence(start_job, watch_cli, tmp_path):
     job = start_job(4, fault="hang", fault_rank=2, fault_step=60)
     job.wait_steps(2)
-    w = watch_cli(job.pid, "--stall-after", "5", "--state-dir", str(tmp_path))
+    w = watch_cli(job.pid, "--state-dir", str(tmp_path))  # the default: stall-after adapts to the job
     job.wait_fault()
-    e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["kind"] == HANG, timeout=60)
+    e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["kind"] == HANG, timeout=90)
     assert e["incident"]["status"] == ATTRIBUTED and e["incident"]["ranks"] == [2], e
+    trigger = [v for v in e["incident"]["evidence"] if "trigger" in v]
+    assert trigger and trigger[0]["stall_after"] >= MIN_STALL_AFTER, e["incident"]["evidence"]
+    assert [(x["event"], x["incident"]["kind"]) for x in w.events] == [("incident_opened", HANG)], w.events
     bundle = e["bundle"]
     assert bundle.startswith(str(tmp_path)) and os.path.isdir(bundle)
     # the job is killed (as a launcher or watchdog would): the evidence stays, the watch ends with 1
