@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from scout_sys.job import find_job
 from tests._host import ebpf_reason
 from tests.conftest import REPO, diagnose_json, origins, scout
+from tests.test_watch import WatchCli
 
 pytestmark = pytest.mark.slow
 SETTLE = 1.5  # let the healthy ranks reach the next collective after the fault
@@ -95,6 +95,20 @@ def _perf_fds(pid: int) -> int:
     return n
 
 
+def _wait_attached(pid: int, timeout: float = 120) -> int:
+    """Until the process's perf event fds (one per uprobe / tracepoint) stopped growing for 1.5 s."""
+    stable_since, last = time.time(), 0
+    end = time.time() + timeout
+    while time.time() < end:
+        n = _perf_fds(pid)
+        if n != last or n == 0:
+            stable_since, last = time.time(), n
+        elif time.time() - stable_since >= 1.5:
+            break
+        time.sleep(0.1)
+    return last
+
+
 @pytest.mark.ebpf
 @pytest.mark.skipif(ebpf_reason() is not None, reason=f"{ebpf_reason()}")
 def test_diagnose_ebpf_names_who_killed_a_rank(start_job) -> None:
@@ -107,16 +121,7 @@ def test_diagnose_ebpf_names_who_killed_a_rank(start_job) -> None:
     p = subprocess.Popen([sys.executable, "-m", "scout_sys", "diagnose", "--job", str(job.pid), "--ebpf",
                           "--window", "8", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        stable_since, last = None, 0
-        end = time.time() + 120
-        while time.time() < end and p.poll() is None:
-            n = _perf_fds(p.pid)
-            if n != last or n == 0:
-                stable_since, last = time.time(), n
-            elif time.time() - stable_since >= 1.5:
-                break
-            time.sleep(0.1)
-        assert last > 0 and p.poll() is None, "diagnose --ebpf attached nothing"
+        assert _wait_attached(p.pid) > 0 and p.poll() is None, "diagnose --ebpf attached nothing"
         os.kill(victim, signal.SIGKILL)
         out, err = p.communicate(timeout=120)
     finally:
@@ -130,46 +135,18 @@ def test_diagnose_ebpf_names_who_killed_a_rank(start_job) -> None:
     assert ebpf and ebpf[0]["signal"] == "SIGKILL" and ebpf[0]["sender_pid"] == os.getpid(), ebpf
 
 
-class HumanWatch:
-    """``scout-sys watch --headless`` (the human lines) in a subprocess, lines read by a thread."""
-
-    def __init__(self, job_pid: int, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "scout_sys", "watch", "--job", str(job_pid),
-                                      "--headless", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
-        self.lines: list[str] = []
-        self._t = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
-        self._t.start()
-
-    def wait_line(self, pattern: str, timeout: float) -> re.Match[str]:
-        end = time.time() + timeout
-        while time.time() < end:
-            for line in list(self.lines):
-                m = re.search(pattern, line)
-                if m:
-                    return m
-            if self.proc.poll() is not None and not self._t.is_alive():
-                break
-            time.sleep(0.2)
-        raise AssertionError(f"no line /{pattern}/ in {timeout} s: {self.lines}")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=30)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
+def wait_line(w: WatchCli, pattern: str, timeout: float) -> re.Match[str]:
+    """The first printed line of the human watch ``w`` that matches ``pattern``."""
+    line = w.wait_event(lambda x: re.search(pattern, x) is not None, timeout)
+    return re.search(pattern, line)  # type: ignore[return-value]
 
 
 @pytest.fixture
 def human_watch():
-    started: list[HumanWatch] = []
+    started: list[WatchCli] = []
 
-    def _start(pid: int, *args: str) -> HumanWatch:
-        started.append(HumanWatch(pid, *args))
+    def _start(pid: int, *args: str) -> WatchCli:
+        started.append(WatchCli(pid, *args, human=True))
         return started[-1]
 
     yield _start
@@ -190,20 +167,6 @@ def test_watch_of_a_job_that_ends_cleanly_exits_0(start_job, human_watch, tmp_pa
     assert w.lines[1:] == ["job ended\n"], w.lines
 
 
-def _wait_attached(pid: int, timeout: float = 120) -> int:
-    """Until the process's perf event fds (one per uprobe / tracepoint) stopped growing for 1.5 s."""
-    stable_since, last = time.time(), 0
-    end = time.time() + timeout
-    while time.time() < end:
-        n = _perf_fds(pid)
-        if n != last or n == 0:
-            stable_since, last = time.time(), n
-        elif time.time() - stable_since >= 1.5:
-            break
-        time.sleep(0.1)
-    return last
-
-
 @pytest.mark.ebpf
 @pytest.mark.skipif(ebpf_reason() is not None, reason=f"{ebpf_reason()}")
 def test_watch_opens_updates_and_closes_incidents_in_human_lines_and_events(start_job, human_watch,
@@ -218,20 +181,20 @@ def test_watch_opens_updates_and_closes_incidents_in_human_lines_and_events(star
     job.wait_steps(2)
     events = tmp_path / "events.jsonl"
     w = human_watch(job.pid, "--state-dir", str(tmp_path / "state"), "--events", str(events))
-    w.wait_line(r"^watching 4 ranks", 60)
+    wait_line(w, r"^watching 4 ranks", 60)
     assert _wait_attached(w.proc.pid) > 0, "the watch attached no eBPF probe"
     go.touch()
     stopped = job.wait_fault()
-    m = w.wait_line(r"^\d\d:\d\d:\d\d OPENED (inc-\d+) process_stall \(attributed\) rank 1: ", 60)
+    m = wait_line(w, r"^\d\d:\d\d:\d\d OPENED (inc-\d+) process_stall \(attributed\) rank 1: ", 60)
     stall_id = m.group(1)
-    w.wait_line(r"^  evidence saved to /", 10)
+    wait_line(w, r"^  evidence saved to /", 10)
     os.kill(stopped, signal.SIGCONT)
-    w.wait_line(rf"^\d\d:\d\d:\d\d CLOSED {stall_id} process_stall \(attributed\) rank 1: ", 60)
+    wait_line(w, rf"^\d\d:\d\d:\d\d CLOSED {stall_id} process_stall \(attributed\) rank 1: ", 60)
     job.wait_steps(2)  # it trains again
     os.kill(find_job(str(job.pid)).by_rank()[3].pid, signal.SIGKILL)
-    m = w.wait_line(r"^\d\d:\d\d:\d\d OPENED (inc-\d+) process_exit \(attributed\) rank 3: .*SIGKILL", 60)
+    m = wait_line(w, r"^\d\d:\d\d:\d\d OPENED (inc-\d+) process_exit \(attributed\) rank 3: .*SIGKILL", 60)
     exit_id = m.group(1)
-    w.wait_line(rf"^\d\d:\d\d:\d\d UPDATED {exit_id} process_exit \(attributed\) rank 3: ", 60)
+    wait_line(w, rf"^\d\d:\d\d:\d\d UPDATED {exit_id} process_exit \(attributed\) rank 3: ", 60)
     assert w.proc.poll() is None, "the watch ended with the job still there"
     assert w.stop() == 1  # incidents were opened
     seen = [(e["event"], e["incident"]["id"], e["incident"]["kind"], e["incident"]["ranks"])

@@ -24,25 +24,31 @@ pytestmark = pytest.mark.slow
 
 
 class WatchCli:
-    """``scout-sys watch --headless --json`` in a subprocess; events collected by a reader thread."""
+    """``scout-sys watch --headless --json`` in a subprocess; events collected by a reader thread.
+    ``human=True``: without --json, the printed lines in ``lines``."""
 
-    def __init__(self, job_pid: int, *args: str) -> None:
+    def __init__(self, job_pid: int, *args: str, human: bool = False) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "scout_sys", "watch", "--job", str(job_pid),
-                                      "--headless", "--json", *args],
+                                      "--headless", *([] if human else ["--json"]), *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.human = human
         self.events: list[dict] = []
+        self.lines: list[str] = []
         self._t = threading.Thread(target=self._read, daemon=True)
         self._t.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self.events.append(json.loads(line))
+            self.lines.append(line)
+            if not self.human:
+                self.events.append(json.loads(line))
 
     def wait_event(self, pred, timeout: float) -> dict:
+        """The first event (human: printed line) for which ``pred`` holds."""
         end = time.time() + timeout
         while time.time() < end:
-            for e in self.events:
+            for e in list(self.lines if self.human else self.events):
                 if pred(e):
                     return e
             if self.proc.poll() is not None and not self._t.is_alive():
@@ -219,12 +225,13 @@ def test_sigterm_stops_watch_cleanly(start_job, watch_cli, tmp_path):
     job.wait_steps(2)
     port = free_port()
     w = watch_cli(job.pid, "--state-dir", str(tmp_path), "--prometheus", f"127.0.0.1:{port}")
+    def up(m: dict) -> list[list[float]]:
+        return [_get(m, "scout_sys_probe_up", probe=p) for p in ("ebpf-collectives", "ebpf-sched")]
+
     end = time.time() + 120
-    while time.time() < end and _get(_scrape(port, starting=True), "scout_sys_probe_up",
-                                     probe="ebpf-collectives") != [1.0]:
+    while time.time() < end and up(_scrape(port, starting=True)) != [[1.0], [1.0]]:
         time.sleep(0.5)
-    m = _scrape(port)
-    assert [_get(m, "scout_sys_probe_up", probe=p) for p in ("ebpf-collectives", "ebpf-sched")] == [[1.0], [1.0]]
+    assert up(_scrape(port)) == [[1.0], [1.0]]
     assert w.stop() == 0
 
 
