@@ -238,7 +238,12 @@ def merge_findings(*lists: Sequence[Incident]) -> list[Incident]:
 
     A rank that the stack rules found outside any collective (hung, stopped, gone) is also *behind*
     in collective sequence: the eBPF "behind" desync about it corroborates that finding instead of
-    standing as a second incident."""
+    standing as a second incident.
+
+    /proc sees that several ranks are dead, not in which order; the exit probe (lifecycle) names the
+    first to die and calls the others its consequences. Its narrower process_exit takes the place of
+    the wider one (whichever came first), so that the ranks that died of the first death are never
+    blamed beside it."""
     out: dict[tuple, Incident] = {}
     for findings in lists:
         for inc in findings:
@@ -246,7 +251,16 @@ def merge_findings(*lists: Sequence[Incident]) -> list[Incident]:
             if key not in out and inc.kind == DESYNC and inc.ranks:
                 key = next((k for k, o in out.items() if o.kind in (HANG, PROCESS_STALL, PROCESS_EXIT)
                             and set(inc.ranks) <= set(o.ranks)), key)
-            if key in out:
+            wider = None
+            if key not in out and inc.kind == PROCESS_EXIT and inc.ranks:
+                key = next((k for k, o in out.items() if o.kind == PROCESS_EXIT and o.ranks
+                            and set(o.ranks) < set(inc.ranks)), key)  # a narrower one came first
+                wider = next((k for k, o in out.items() if o.kind == PROCESS_EXIT
+                              and set(inc.ranks) < set(o.ranks)), None)
+            if wider is not None:
+                prev = out.pop(wider)
+                out[key] = replace(inc, evidence=inc.evidence + prev.evidence, since=min(prev.since, inc.since))
+            elif key in out:
                 prev = out[key]
                 out[key] = replace(prev, evidence=prev.evidence + inc.evidence, since=min(prev.since, inc.since))
             else:

@@ -107,3 +107,22 @@ def test_exit_code_and_clean_finish() -> None:
     (inc,) = lifecycle.analyze(job(2), [_exit(0, 5.0, code=3), _exit(1, 6.0, sig=15)])
     assert inc.ranks == (0,) and "code 3" in inc.summary
     assert lifecycle.analyze(job(2), [_exit(0, 5.0, code=0), _exit(1, 5.1, code=0)]) == []
+
+
+def test_the_first_death_replaces_procfs_lumping_its_victims_with_it() -> None:
+    """/proc sees ranks 0, 2 and 3 dead; the exit probe saw rank 3 die first and the others after it:
+    one incident naming rank 3, with both sources' evidence; ranks 0 and 2 are not blamed."""
+    from scout_sys.model import Evidence, Incident
+    from scout_sys.monitor import merge_findings
+
+    procfs = Incident(kind=PROCESS_EXIT, status=ATTRIBUTED, ranks=(0, 2, 3), hosts=("h",), since=12.0,
+                      summary="rank 0 exited with code 1; rank 2 exited with code 1; rank 3 was killed by SIGKILL",
+                      evidence=tuple(Evidence("procfs", f"rank {r} exited", rank=r) for r in (0, 2, 3)))
+    obs = [_sig(3, 9, 4242, "kill", 10.0), _exit(3, 10.001, sig=9), _exit(0, 15.0, code=1), _exit(2, 15.1, code=1)]
+    first = lifecycle.analyze(job(4), obs)
+    assert [i.ranks for i in first] == [(3,)]
+    (inc,) = merge_findings([procfs], first)
+    assert (inc.kind, inc.ranks, inc.since) == (PROCESS_EXIT, (3,), 10.001)
+    assert inc.summary == first[0].summary and {e.source for e in inc.evidence} == {"ebpf", "procfs"}
+    (other_way,) = merge_findings(first, [procfs])
+    assert other_way.ranks == (3,) and len(other_way.evidence) == len(inc.evidence)
