@@ -1,0 +1,56 @@
+"""Monitor.close() never waits forever for a probe still starting (bcc compiling for seconds): it
+returns after its timeout, and the probe, once started, is detached at once.
+
+The probe here is gated by the test (its start blocks until released), the only way to hold a
+start for as long as a test needs at any load; everything else is the real Monitor on this process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+from scout_sys.model import Job, Rank
+from scout_sys.monitor import Monitor
+from scout_sys.probes import Health
+
+
+class GatedProbe:
+    name = "gated"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.attached = False
+        self.closed = threading.Event()
+
+    def check(self) -> str | None:
+        return None
+
+    def start(self, job: Job) -> None:
+        self.entered.set()
+        self.release.wait(60)
+        self.attached = True
+
+    def sample(self, now: float) -> list:
+        return []
+
+    def health(self) -> Health:
+        return Health()
+
+    def close(self) -> None:
+        self.attached = False
+        self.closed.set()
+
+
+def test_close_returns_while_a_probe_still_starts_and_the_probe_detaches_after() -> None:
+    me = Job(ranks=(Rank(rank=0, pid=os.getpid(), host=socket.gethostname()),), world_size=1,
+             launcher="explicit", launcher_pid=None, host=socket.gethostname())
+    probe = GatedProbe()
+    mon = Monitor(me, extra_probes=[probe])
+    mon.start()
+    assert probe.entered.wait(60)
+    mon.close(timeout=0.1)  # returns although the probe's start has not: it would block for 60 s
+    assert not probe.release.is_set() and not probe.closed.is_set()
+    probe.release.set()  # compiling done: the start thread sees the monitor closed and detaches it
+    assert probe.closed.wait(60) and not probe.attached
