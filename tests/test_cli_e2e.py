@@ -129,7 +129,7 @@ def test_diagnose_ebpf_names_who_killed_a_rank(start_job) -> None:
             p.kill()
             p.wait()
     d = json.loads(out)
-    assert (d["probes"]["ebpf-collectives"], d["probes"]["ebpf-sched"]) == (None, None), d["probes"]
+    assert (d["probes"]["ebpf-collectives"], d["probes"]["ebpf-sched"]) == ("on", "on"), d["probes"]
     assert p.returncode == 1 and origins(d) == [("process_exit", "attributed", [2])], d["incidents"]
     ebpf = [e for e in d["incidents"][0]["evidence"] if e["source"] == "ebpf" and e.get("rank") == 2]
     assert ebpf and ebpf[0]["signal"] == "SIGKILL" and ebpf[0]["sender_pid"] == os.getpid(), ebpf

@@ -107,6 +107,11 @@ def test_exit_code_and_clean_finish() -> None:
     (inc,) = lifecycle.analyze(job(2), [_exit(0, 5.0, code=3), _exit(1, 6.0, sig=15)])
     assert inc.ranks == (0,) and "code 3" in inc.summary
     assert lifecycle.analyze(job(2), [_exit(0, 5.0, code=0), _exit(1, 5.1, code=0)]) == []
+    # a job finishing: rank 3 is out with 0 before the others; nobody died
+    assert lifecycle.analyze(job(4), [_exit(3, 5.0, code=0)]) == []
+    # once a rank died, the order counts again: the clean exit came first (the death may follow from it)
+    (inc,) = lifecycle.analyze(job(4), [_exit(3, 5.0, code=0), _exit(1, 6.0, code=2)])
+    assert inc.ranks == (3,) and "1 more rank ended after it" in inc.summary
 
 
 def test_the_first_death_replaces_procfs_lumping_its_victims_with_it() -> None:

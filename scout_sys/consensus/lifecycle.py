@@ -4,8 +4,9 @@ From the ebpf lifecycle records (:class:`~scout_sys.model.ExitRecord`, ``SignalR
 ``OomRecord``). The first rank to end is the origin; ranks that ended after it are consequences
 (typically SIGTERM from the launcher), listed as evidence with their killer. A signal's sender is
 the last generator of that signal for that process at or before its end. Ties for first place
-(within ``TIE`` seconds) name every tied rank. A job whose ranks all exited with status 0 finished:
-no incident.
+(within ``TIE`` seconds) name every tied rank. Exits with status 0 are not deaths: while every exit
+seen is clean there is no incident — the job is finishing (its ranks end a moment apart), and a rank
+that left early with 0 while the others wait for it is named by the hang rules when they stall.
 
 Pure: no I/O, no clocks.
 """
@@ -68,9 +69,8 @@ def analyze(job: Job, obs: Sequence[Observation]) -> list[Incident]:
             exits[o.rank] = o
     if not exits:
         return []
-    all_ranks = {r.rank for r in job.ranks} | set(job.missing)
-    if all_ranks <= set(exits) and all(e.exit_code == 0 and not e.signal for e in exits.values()):
-        return []  # the job finished: every rank exited cleanly
+    if all(e.exit_code == 0 and not e.signal for e in exits.values()):
+        return []  # finished, or finishing: clean exits so far
     sigs = [o for o in obs if isinstance(o, SignalRecord)]
     ooms = {o.pid: o for o in obs if isinstance(o, OomRecord)}
     order = sorted(exits.values(), key=lambda e: (e.time, e.rank))
