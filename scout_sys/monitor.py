@@ -34,7 +34,7 @@ from scout_sys.probes.procfs import ProcfsProbe
 from scout_sys.probes.pystack import StackDumper
 
 STARTING = "starting"
-CLOSE_TIMEOUT = 3.0  # seconds close() waits for a probe still compiling; it detaches itself after
+CLOSE_TIMEOUT = 1.0  # seconds close() waits for a probe still compiling; it detaches itself after
 
 
 

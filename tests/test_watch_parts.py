@@ -144,6 +144,20 @@ def test_progress_stack_still_at_one_place_is_the_spin_signal_without_ebpf():
     assert p.majority(range(4), 4, T0 + 8) == (8.0, STACK)
 
 
+def test_progress_a_waiter_inside_a_collective_is_judged_by_its_main_thread():
+    # a healthy Gloo job whose ranks wait for a slow peer: every sample shows the same all_reduce line,
+    # but the main thread wakes up each step (a collective completed): that is progress
+    c10d = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    p = Progress()
+    for i in range(6):
+        t = T0 + 2 * i
+        frames = (Frame(function="all_reduce", file=c10d, line=2800), Frame(function="main", file="/j/train.py", line=9))
+        p.observe([StackSample(time=t, rank=0, pid=100, threads=(ThreadStack(tid=100, name="MainThread", active=False,
+                                                                            frames=frames),))], t)
+        p.observe([_proc(0, t, last_ran=t - 0.5)], t)
+    assert p.stalled(0, T0 + 10) == (0.5, MAIN_THREAD)
+
+
 def test_progress_collective_sequence_is_primary_when_seen():
     p = Progress()
     for i in range(6):

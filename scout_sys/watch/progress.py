@@ -8,9 +8,13 @@
 - ``stack`` (a rotating, low-rate stack sample: :class:`Rotation`): the rank's main-thread stack has
   stayed at one place (by function) in every sample. Works without eBPF for the spin shape.
 
-Without eBPF a rank's stall is the longer of the last two. A strict majority's stall (the
-(n//2+1)-th longest) is what the hang part compares with ``stall-after``. Pure: observations and
-``now`` in, numbers out.
+Without eBPF, a rank whose last stack sample was inside a collective frame is judged by its main
+thread alone: waking up there means a collective completed, although its stack looks the same at
+every sample (a healthy Gloo job whose ranks wait for a slow peer spends most of its time at one
+``all_reduce`` line). Any other rank's stall is the longer of the main-thread pause and the stack
+signal: a rank that wakes up outside any collective and stays at one place (a poll or a sleep loop)
+has not progressed. A strict majority's stall (the (n//2+1)-th longest) is what the hang part
+compares with ``stall-after``. Pure: observations and ``now`` in, numbers out.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from scout_sys.consensus.hang import location_of
+from scout_sys.consensus.patterns import collective_of
 from scout_sys.model import CollectiveSample, Observation, ProcSample, StackSample
 
 COLLECTIVES, MAIN_THREAD, STACK = "collectives", "main thread", "stack"
@@ -41,6 +46,7 @@ class Progress:
         self._stack: dict[int, _Run] = {}
         self._seq: dict[int, _Run] = {}
         self._seq_groups: dict[int, dict[str, int]] = {}
+        self._in_collective: dict[int, bool] = {}  # the rank's last stack sample was in a collective
 
     def forget(self) -> None:
         """A new set of processes (the job restarted): what the old ones did says nothing."""
@@ -59,6 +65,7 @@ class Progress:
                 main = o.main()
                 if main is not None and main.frames:
                     _advance(self._stack, o.rank, location_of(main.frames), o.time)
+                    self._in_collective[o.rank] = collective_of(main.frames) is not None
             elif isinstance(o, CollectiveSample):
                 groups = self._seq_groups.setdefault(o.rank, {})
                 groups[o.group] = max(groups.get(o.group, 0), o.seq)
@@ -78,6 +85,8 @@ class Progress:
         if seq is not None:
             return now - seq.since, COLLECTIVES
         pause = self._pause.get(rank, 0.0)
+        if self._in_collective.get(rank):
+            return pause, MAIN_THREAD
         stack = self._stack.get(rank)
         still = (stack.seen - stack.since) if stack is not None else 0.0
         return (pause, MAIN_THREAD) if pause >= still else (still, STACK)
