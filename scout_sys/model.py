@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
 from typing import Any, Union
 
 SCHEMA = "scout-sys/diagnosis/v1"
@@ -74,8 +76,13 @@ class Job:
     notes: tuple[str, ...] = ()
     layout: str = ""  # where peer_groups came from (scout_sys.topology); "" when unknown
 
-    def by_rank(self) -> dict[int, Rank]:
-        return {r.rank: r for r in self.ranks}
+    def by_rank(self) -> Mapping[int, Rank]:
+        return self._index
+
+    @cached_property
+    def _index(self) -> Mapping[int, Rank]:
+        # built once per Job (it is frozen): host_of / by_rank are called per rank by consensus
+        return MappingProxyType({r.rank: r for r in self.ranks})
 
     def groups(self) -> tuple[tuple[int, ...], ...]:
         if self.peer_groups:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from scout_sys.consensus import c3
 from scout_sys.consensus import groups as peer_groups
@@ -119,6 +120,13 @@ def where_of(frames) -> str:
     return text
 
 
+@lru_cache(maxsize=4096)
+def _described(frames: tuple) -> tuple[tuple[str, ...], str, tuple[tuple[str, str], ...]]:
+    """(frame texts, where, function-level location) of a stack, cached by stack: thousands of ranks
+    show a few distinct stacks."""
+    return tuple(_frame_str(f) for f in frames), where_of(frames), tuple((f.file, f.function) for f in frames)
+
+
 def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSample]) -> Activity:
     """One rank's window → its Activity."""
     procs = sorted(procs, key=lambda p: p.time)
@@ -146,8 +154,7 @@ def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSamp
     good = [(s, s.main()) for s in stacks if s.error is None and s.main() is not None]
     latest = good[-1][1] if good else None
     if latest is not None:
-        base["stack"] = tuple(_frame_str(f) for f in latest.frames)
-        base["where"] = where_of(latest.frames)
+        base["stack"], base["where"], _ = _described(latest.frames)
     errors = [s.error for s in stacks if s.error]
     if errors and not good:
         base["stack_error"] = errors[-1]
@@ -162,7 +169,7 @@ def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSamp
         return Activity(state="unknown", **base)
 
     waits = [collective_of(t.frames) for _, t in good]
-    locs = [tuple((f.file, f.function) for f in t.frames) for _, t in good]
+    locs = [_described(t.frames)[2] for _, t in good]
     base["location"] = locs[-1]
     off_cpu = main_cpu is None or main_cpu < WAIT_MAX_MAIN_CPU
     w0 = waits[-1]
