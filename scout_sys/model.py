@@ -75,6 +75,8 @@ class Job:
     peer_groups: tuple[tuple[int, ...], ...] = ()
     notes: tuple[str, ...] = ()
     layout: str = ""  # where peer_groups came from (scout_sys.topology); "" when unknown
+    # Hosts of ranks in ``missing`` when they are not ``host`` (a whole-job view merged from agents).
+    missing_hosts: tuple[tuple[int, str], ...] = ()
 
     def by_rank(self) -> Mapping[int, Rank]:
         return self._index
@@ -91,7 +93,11 @@ class Job:
 
     def host_of(self, rank: int) -> str:
         r = self.by_rank().get(rank)
-        return r.host if r else self.host
+        return r.host if r else self._missing_hosts.get(rank, self.host)
+
+    @cached_property
+    def _missing_hosts(self) -> Mapping[int, str]:
+        return MappingProxyType(dict(self.missing_hosts))
 
 
 # --------------------------------------------------------------------------- observations
@@ -282,7 +288,7 @@ class Diagnosis:
                     d["collective"] = v.collective
             ranks.append(d)
         for m in self.job.missing:
-            ranks.append({"rank": m, "pid": None, "host": self.job.host, "local_rank": None,
+            ranks.append({"rank": m, "pid": None, "host": self.job.host_of(m), "local_rank": None,
                           "state": "exited"})
         ranks.sort(key=lambda d: d["rank"])
         return {

@@ -255,7 +255,12 @@ _KIND_OF_STATE = {"exited": PROCESS_EXIT, "stopped": PROCESS_STALL, "disk-sleep"
 def analyze(job: Job, obs: Sequence[Observation], *, window: tuple[float, float]) -> tuple[
         list[Incident], dict[int, Activity], list[str]]:
     """Hang findings for every peer group. Returns (incidents, activity per rank, notes)."""
-    acts = activities(job, obs)
+    return analyze_activities(job, activities(job, obs), window=window)
+
+
+def analyze_activities(job: Job, acts: dict[int, Activity], *, window: tuple[float, float]) -> tuple[
+        list[Incident], dict[int, Activity], list[str]]:
+    """:func:`analyze` from per-rank activities already summarised (e.g. by the agent on each host)."""
     notes: list[str] = []
     groups, layout = job.groups(), job.layout or "peer groups given with the job"
     if not job.peer_groups:  # layout unknown: group by the shape of activity (consensus/groups.py)
