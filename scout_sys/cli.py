@@ -271,7 +271,12 @@ def _agent_parser(sub) -> None:  # noqa: ANN001 - argparse's private subparsers 
     _job_options(a)
     a.add_argument("--store", required=True, metavar="HOST:PORT", help="the store: hosted here by node rank 0")
     a.add_argument("--nnodes", required=True, type=int, metavar="N", help="number of hosts (agents)")
-    a.add_argument("--node-rank", required=True, type=int, metavar="K", help="this host's rank among them, 0..N-1")
+    a.add_argument("--node-rank", required=True, metavar="K",
+                   help="this host's rank among them, 0..N-1; 'auto': the GROUP_RANK of this host's ranks "
+                        "(torchrun's node rank), once they are found")
+    a.add_argument("--listen", default=None, metavar="ADDR",
+                   help="node rank 0: the address to bind the store to when the others reach it by another "
+                        "(e.g. 0.0.0.0 behind a Kubernetes Service); default: the --store host, and only it")
     a.add_argument("--token-file", required=True, metavar="FILE", help="the shared token (same file on every host)")
     a.add_argument("--host-name", default=None, metavar="NAME",
                    help="the name this host's ranks carry in verdicts (default: the hostname)")
@@ -287,9 +292,12 @@ def _agent(args: argparse.Namespace) -> int:
     from scout_sys.cluster.store import parse_addr
     from scout_sys.cluster.wire import read_token
 
-    agent = Agent(args.job, parse_addr(args.store), nnodes=args.nnodes, node_rank=args.node_rank,
+    if args.node_rank != "auto" and not args.node_rank.isdigit():
+        raise ScoutError(f"--node-rank {args.node_rank!r}: a number 0..N-1, or auto")
+    agent = Agent(args.job, parse_addr(args.store), nnodes=args.nnodes,
+                  node_rank=None if args.node_rank == "auto" else int(args.node_rank),
                   token=read_token(args.token_file), host_name=args.host_name or socket.gethostname(),
-                  ebpf=not args.no_ebpf, topology=args.topology)
+                  ebpf=not args.no_ebpf, topology=args.topology, listen=args.listen)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -38,11 +38,12 @@ class Cluster:
         self.logs: dict[int, list[str]] = {0: [], 1: []}
 
     def start_agent(self, k: int) -> None:
+        """Node 1's agent takes its node rank from its ranks' GROUP_RANK (--node-rank auto)."""
         log = self.tmp / f"agent{k}-{len(self.logs[k])}.log"
         self.logs[k].append(str(log))
         self.agents[k] = subprocess.Popen(
             [sys.executable, "-m", "scout_sys", "agent", "--job", str(self.jobs[k].pid), "--store", self.store,
-             "--nnodes", "2", "--node-rank", str(k), "--token-file", str(self.token), "--host-name", HOSTS[k],
+             "--nnodes", "2", "--node-rank", "auto" if k else "0", "--token-file", str(self.token), "--host-name", HOSTS[k],
              "--no-ebpf"], stdout=subprocess.DEVNULL, stderr=open(log, "w"))
 
     def log(self, k: int) -> str:

@@ -40,12 +40,16 @@ def _say(text: str) -> None:
 
 
 class Agent:
-    def __init__(self, selector: str, store: tuple[str, int], *, nnodes: int, node_rank: int, token: bytes,
-                 host_name: str, ebpf: bool = True, topology: str | None = None,
+    def __init__(self, selector: str, store: tuple[str, int], *, nnodes: int, node_rank: int | None, token: bytes,
+                 host_name: str, ebpf: bool = True, topology: str | None = None, listen: str | None = None,
                  say: Callable[[str], None] = _say, clock: Callable[[], float] = time.time) -> None:
-        if nnodes < 1 or not 0 <= node_rank < nnodes:
+        """``node_rank`` None: the node rank of this host's ranks (torchrun's GROUP_RANK), once found.
+        ``listen``: the address the leader binds when others reach it by another one (behind a
+        Kubernetes Service: the pod's address, or 0.0.0.0); default the store's host."""
+        if nnodes < 1 or (node_rank is not None and not 0 <= node_rank < nnodes):
             raise ScoutError(f"--node-rank {node_rank} is not within --nnodes {nnodes}")
         self.selector, self.host, self.port = selector, store[0], store[1]
+        self.listen = listen or self.host
         self.nnodes, self.node = nnodes, node_rank
         self.token, self.name = token, host_name
         self.ebpf, self.topology = ebpf, topology
@@ -67,10 +71,10 @@ class Agent:
         if self.store is not None:
             return
         if self.node == 0:
-            self.store = Store(self.host, self.port, serve=True)
+            self.store = Store(self.listen, self.port, serve=True)
             self.nonce = secrets.token_hex(16)
             self.store.set(wire.RUN, self._run_record())
-            self.say(f"hosting the store on {self.host}:{self.port} for {self.nnodes} nodes")
+            self.say(f"hosting the store on {self.listen}:{self.port} for {self.nnodes} nodes")
         else:
             store = Store(self.host, self.port)
             raw = store.get(wire.RUN)
@@ -141,11 +145,30 @@ class Agent:
         self.say(f"watching {len(job.ranks)} ranks ({', '.join(str(r.rank) for r in job.ranks)}) of "
                  f"{job.world_size} as {self.name}")
 
+    def _node_rank_of_job(self) -> int | None:
+        if self.job is None:
+            return None
+        found = {r.group_rank for r in self.job.ranks}
+        if len(found) != 1 or None in found:
+            raise ScoutError("--node-rank auto: the ranks on this host carry no single GROUP_RANK "
+                             f"({sorted(map(str, found))}); give --node-rank K")
+        k = found.pop()
+        assert k is not None
+        if not 0 <= k < self.nnodes:
+            raise ScoutError(f"--node-rank auto: GROUP_RANK {k} is not within --nnodes {self.nnodes}")
+        self.say(f"node rank {k} (GROUP_RANK of this host's ranks)")
+        return k
+
     def _all_gone(self) -> bool:
         return self._procs is not None and bool(self._procs) and all(not p.alive for p in self._procs)
 
     # ------------------------------------------------------------------ each poll
     def poll(self) -> None:
+        if self.node is None:  # --node-rank auto: the job's node rank on this host decides
+            self._ensure_job()
+            self.node = self._node_rank_of_job()
+            if self.node is None:
+                return
         self._connect()
         self._ensure_job()
         now = self.clock()
@@ -158,16 +181,19 @@ class Agent:
         assert self.store is not None and self.nonce is not None
         self._last_hb = now
         self._seq += 1
-        ranks = []
-        if self.monitor is not None:
-            self._procs = self.monitor.procfs.sample()
-            for p in self._procs:
-                pause = 0.0 if p.status == "running" or p.main_last_ran is None else max(0.0, now - p.main_last_ran)
-                ranks.append({"r": p.rank, "pid": p.pid, "s": p.status, "p": round(pause, 2)})
-        body = {"node": self.node, "host": self.name, "time": now, "seq": self._seq, "ranks": ranks,
+        body = {"node": self.node, "host": self.name, "time": now, "seq": self._seq, "ranks": self._beats(now),
                 "world_size": self.job.world_size if self.job else None, "error": self.job_error,
                 "forged": self._forged}
         self.store.set(wire.hb_key(self.node), wire.seal(self.token, wire.hb_key(self.node), self.nonce, body))
+
+    def _beats(self, now: float) -> list[dict[str, Any]]:
+        """One compact entry per rank from /proc: global rank, pid, state, main-thread pause (s)."""
+        if self.monitor is None:
+            return []
+        self._procs = self.monitor.procfs.sample()
+        return [{"r": p.rank, "pid": p.pid, "s": p.status,
+                 "p": round(0.0 if p.status == "running" or p.main_last_ran is None else max(0.0, now - p.main_last_ran),
+                            2)} for p in self._procs]
 
     def _serve(self) -> None:
         """Answer the window requests that arrived since the last poll (one window answers all)."""
@@ -217,7 +243,7 @@ class Agent:
         probes = {k: ("not attached within the window" if v == "starting" else v)
                   for k, v in self.monitor.probe_status.items()}
         return {**base, "window": [t0, t1], "job": wire.job_to_json(self.job),
-                "acts": [wire.activity_to_json(a) for a in acts.values()],
+                "acts": wire.activities_to_json(acts.values()),
                 "records": [wire.record_to_json(o) for o in wire.shareable(obs)], "probes": probes}
 
     # ------------------------------------------------------------------ the loop

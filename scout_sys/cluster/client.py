@@ -125,7 +125,7 @@ def _answer(body: dict[str, Any], node: int) -> Answer:
     host = str(body.get("host", "?"))
     if body.get("error"):
         return Answer(node=node, host=host, job=None, error=str(body["error"]))
-    acts = {a.rank: a for a in (wire.activity_from_json(d) for d in body.get("acts", ()))}
+    acts = wire.activities_from_json(body.get("acts", {}))
     records = tuple(r for r in (wire.record_from_json(d) for d in body.get("records", ())) if r is not None)
     w = body.get("window") or [0.0, 0.0]
     return Answer(node=node, host=host, job=wire.job_from_json(body["job"]), acts=acts, records=records,

@@ -17,7 +17,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 from scout_sys.consensus.hang import Activity
@@ -104,33 +104,65 @@ def unseal(token: bytes, key: str, raw: bytes, nonce: str | None = None) -> dict
 
 # --------------------------------------------------------------------------- activities and records
 
+_ACTIVITY_FIELDS = tuple((f.name, f.default) for f in fields(Activity))
+_ACTIVITY_NAMES = frozenset(name for name, _ in _ACTIVITY_FIELDS)
+
+
 def activity_to_json(a: Activity) -> dict[str, Any]:
+    """Compact: fields at their default are left out."""
     out: dict[str, Any] = {}
-    for f in fields(a):
-        v = getattr(a, f.name)
-        if v == f.default:
+    for name, default in _ACTIVITY_FIELDS:
+        v = getattr(a, name)
+        if v == default:
             continue
-        if f.name == "wait":
-            v = asdict(v)
-        elif f.name == "location":
+        if name == "wait":
+            v = {"op": v.op, "site": v.site, "depth": v.depth, "direct": v.direct, "p2p": v.p2p}
+        elif name == "location":
             v = [list(x) for x in v]
-        elif f.name == "stack":
+        elif name == "stack":
             v = list(v)
         elif isinstance(v, float):
             v = round(v, 6)
-        out[f.name] = v
+        out[name] = v
     return out
 
 
 def activity_from_json(d: Mapping[str, Any]) -> Activity:
-    known = {f.name for f in fields(Activity)}
-    kw = {k: v for k, v in d.items() if k in known}
+    kw = {k: v for k, v in d.items() if k in _ACTIVITY_NAMES}
     if kw.get("wait") is not None:
         kw["wait"] = CollectiveWait(**kw["wait"])
     kw["location"] = tuple(tuple(x) for x in kw.get("location", ()))
     kw["stack"] = tuple(kw.get("stack", ()))
     kw["rank"] = int(kw["rank"])
     return Activity(**kw)
+
+
+def activities_to_json(acts: Iterable[Activity]) -> dict[str, Any]:
+    """Many ranks' activities with each distinct stack and location sent once (ranks of a job share
+    a few): ``{"stacks": [...], "locations": [...], "acts": [{..., "stack": i, "location": j}]}``."""
+    tables: dict[str, dict[tuple, int]] = {"stack": {}, "location": {}}
+    out = []
+    for a in acts:
+        d = activity_to_json(a)
+        for name, table in tables.items():
+            if name in d:
+                d[name] = table.setdefault(getattr(a, name), len(table))
+        out.append(d)
+    return {"stacks": [list(t) for t in tables["stack"]], "locations": [[list(x) for x in t] for t in tables["location"]],
+            "acts": out}
+
+
+def activities_from_json(d: Mapping[str, Any]) -> dict[int, Activity]:
+    stacks = [tuple(t) for t in d.get("stacks", ())]
+    locations = [tuple(tuple(x) for x in t) for t in d.get("locations", ())]
+    out = {}
+    for x in d.get("acts", ()):
+        a = activity_from_json({k: v for k, v in x.items() if k not in ("stack", "location")})
+        if "stack" in x or "location" in x:
+            a = replace(a, stack=stacks[x["stack"]] if "stack" in x else (),
+                        location=locations[x["location"]] if "location" in x else ())
+        out[a.rank] = a
+    return out
 
 
 _RECORDS: dict[str, type] = {t.__name__: t for t in (CollectiveSample, ExitRecord, SignalRecord, OomRecord,
@@ -173,7 +205,8 @@ def shareable(obs: Iterable[Observation]) -> list[Observation]:
 
 
 def job_to_json(job: Job) -> dict[str, Any]:
-    return {"ranks": [{**asdict(r), "coords": [list(c) for c in r.coords]} for r in job.ranks],
+    names = [f.name for f in fields(Rank)]
+    return {"ranks": [{**{n: getattr(r, n) for n in names}, "coords": [list(c) for c in r.coords]} for r in job.ranks],
             "world_size": job.world_size, "launcher": job.launcher, "launcher_pid": job.launcher_pid,
             "host": job.host, "missing": list(job.missing), "peer_groups": [list(g) for g in job.peer_groups],
             "layout": job.layout, "notes": list(job.notes)}
