@@ -59,9 +59,14 @@ class Cluster:
     def start(self) -> Cluster:
         for k in (0, 1):
             self.start_agent(k)
-        for k in (0, 1):
-            self.wait_log(k, "watching 2 ranks")
+        self.wait_joined(0)
+        self.wait_joined(1)
         return self
+
+    def wait_joined(self, k: int, count: int = 1) -> None:
+        """Agent k watches its ranks and is in the store (node 0 hosts it)."""
+        self.wait_log(k, "watching 2 ranks", count=count)
+        self.wait_log(k, "hosting the store" if k == 0 else "joined the store", count=count)
 
     def kill_agent(self, k: int) -> None:
         self.agents[k].send_signal(signal.SIGKILL)
@@ -176,7 +181,7 @@ def test_stopped_rank_on_node_1_and_an_agent_killed_mid_run(cluster):
     assert any("not observed" in n for n in doc["notes"])
 
     c.start_agent(1)  # it rejoins
-    c.wait_log(1, "watching 2 ranks", count=2)
+    c.wait_joined(1, count=2)
     rc, doc, err = c.diagnose()
     assert rc == 1 and origins(doc) == [("process_stall", "attributed", [2])], err
 

@@ -91,6 +91,8 @@ class Agent:
         self._last_req = self.store.add(wire.REQS, 0)  # answer what comes from now on
         if self._lost:
             self.say(f"store {self.host}:{self.port} is back: rejoined (run {self.nonce[:8]})")
+        elif self.node != 0:
+            self.say(f"joined the store at {self.host}:{self.port} as node {self.node} (run {self.nonce[:8]})")
         self._lost = False
 
     def _run_record(self) -> bytes:
