@@ -44,6 +44,7 @@ examples:
   sudo scout-sys watch --job 12345 --headless --json     # one JSON object per line
   sudo scout-sys watch --job 12345 --stall-after 30      # a job with long, legitimate pauses
   scout-sys watch --report incident.json                 # reopen a saved report in the dashboard
+  scout-sys watch --cluster node0:29450 --token-file T --json   # the whole job through its agents (docs/cluster.md)
 
 events (--json): {"event": "incident_opened" | "incident_updated" | "incident_closed",
                   "time": <unix s>, "incident": {...same object as diagnose...}, "bundle": <path>}
@@ -117,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--state-dir", default=None, metavar="DIR",
                    help="where evidence bundles go (default: /var/lib/scout-sys as root, else ~/.local/state/scout-sys)")
     w.add_argument("--no-ebpf", action="store_true", help="do not attach the eBPF probes")
+    _cluster_options(w)
 
     sub.add_parser("doctor", help="check eBPF, py-spy, ptrace and NVML prerequisites and say how to fix them")
     _agent_parser(sub)
@@ -329,6 +331,49 @@ def _diagnose_cluster(args: argparse.Namespace) -> int:
     return EXIT_OK if d.healthy else EXIT_INCIDENT
 
 
+def _watch_cluster(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from scout_sys.cluster.client import ClusterClient
+    from scout_sys.cluster.store import parse_addr
+    from scout_sys.cluster.watch import ClusterWatcher
+    from scout_sys.cluster.wire import read_token
+    from scout_sys.report import printable
+
+    if not args.cluster or not args.token_file or args.job or args.report:
+        raise ScoutError("watch --cluster needs HOST:PORT and --token-file FILE, and no --job / --report")
+    addr, token = parse_addr(args.cluster), read_token(args.token_file)
+    first = ClusterClient(addr, token)  # a wrong token or no store: exit 2 now, not in the loop
+    clients = iter([first])
+    watcher = ClusterWatcher(lambda: next(clients, None) or ClusterClient(addr, token),
+                             stall_after=args.stall_after, interval=max(args.interval, 1.0),
+                             say=lambda t: print(f"scout-sys: {t}", file=sys.stderr, flush=True))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if not args.json:
+        print(f"watching the job through {first.nnodes} agents at {args.cluster} (events only: no dashboard for "
+              "--cluster yet); Ctrl-C to stop", flush=True)
+
+    def emit(e) -> None:  # noqa: ANN001 - an incident Event or an AgentEvent
+        if args.json:
+            print(json.dumps(e.to_json()), flush=True)
+        elif hasattr(e, "incident"):
+            inc = e.incident
+            ranks = f" rank{'s' if len(inc.ranks) > 1 else ''} {','.join(map(str, inc.ranks))}" if inc.ranks else ""
+            print(printable(f"{time.strftime('%H:%M:%S', time.localtime(e.time))} "
+                            f"{e.event.removeprefix('incident_').upper()} {inc.id} {inc.kind} ({inc.status}){ranks}"
+                            f"{' on ' + ','.join(inc.hosts) if inc.ranks else ''}: {inc.summary}"), flush=True)
+        else:
+            print(printable(f"{time.strftime('%H:%M:%S', time.localtime(e.time))} {e.event.upper()} node {e.node} "
+                            f"({e.host}) ranks {','.join(map(str, e.ranks))} {e.detail}"), flush=True)
+
+    try:
+        return watcher.run(emit, stop)
+    except KeyboardInterrupt:
+        return 1 if watcher.book.ever_opened else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -347,6 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              ebpf=args.ebpf, topology=args.topology)
         if args.cmd == "demo":
             return _demo(args)
+        if args.cmd == "watch" and (args.cluster or args.token_file):
+            return _watch_cluster(args)
         if args.cmd == "watch":
             return _watch(args)
         if args.cmd == "doctor":

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -161,6 +163,36 @@ def test_hang_on_node_1_is_named_with_global_rank_and_host_and_only_the_token_ge
         assert secret not in c.log(k)
 
 
+class Stream:
+    """``watch --cluster --json``: its events as they come."""
+
+    def __init__(self, c: Cluster) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "scout_sys", "watch", "--cluster", c.store, "--token-file",
+                                      str(c.token), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        self.events: queue.Queue[dict] = queue.Queue()
+        threading.Thread(target=lambda: [self.events.put(json.loads(line)) for line in self.proc.stdout],
+                         daemon=True).start()
+        self.seen: list[dict] = []
+
+    def wait(self, pred, timeout: float = 90.0) -> dict:
+        end = time.time() + timeout
+        while time.time() < end:
+            try:
+                e = self.events.get(timeout=0.5)
+            except queue.Empty:
+                assert self.proc.poll() is None, self.proc.stderr.read()
+                continue
+            self.seen.append(e)
+            if pred(e):
+                return e
+        raise AssertionError(f"no such event within {timeout} s: {self.seen}")
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(15)
+
+
 def test_stopped_rank_on_node_1_and_an_agent_killed_mid_run(cluster):
     c = cluster(fault="stop", fault_rank=2)
     c.jobs[1].wait_fault(timeout=120)
@@ -170,18 +202,31 @@ def test_stopped_rank_on_node_1_and_an_agent_killed_mid_run(cluster):
     assert origins(doc) == [("process_stall", "attributed", [2])]
     assert doc["incidents"][0]["hosts"] == ["nodeB"]
 
-    c.kill_agent(1)  # its ranks are not observed, never blamed; the others go on
-    t0 = time.time()
-    rc, doc, err = c.diagnose()
-    assert time.time() - t0 < 2.0 + ANSWER_GRACE + 3.0, "a dead agent must not block the verdict"
-    assert not any(i["ranks"] for i in doc["incidents"]), doc["incidents"]
-    assert {r["rank"] for r in doc["job"]["ranks"]} == {0, 1}
-    assert [(u["rank"], u["host"]) for u in doc["cluster"]["not_observed"]] == [(2, "nodeB"), (3, "nodeB")]
-    assert doc["cluster"]["agents"][1]["state"] == "no answer"
-    assert any("not observed" in n for n in doc["notes"])
+    w = Stream(c)  # the whole job live
+    try:
+        e = w.wait(lambda e: e["event"] == "incident_opened")
+        assert (e["incident"]["kind"], e["incident"]["ranks"], e["incident"]["hosts"]) == (
+            "process_stall", [2], ["nodeB"])
+        c.kill_agent(1)  # reported; its ranks are not observed, never blamed; the others go on
+        e = w.wait(lambda e: e["event"].startswith("agent_"))
+        assert (e["event"], e["node"], e["host"], e["ranks"]) == ("agent_lost", 1, "nodeB", [2, 3])
+        t0 = time.time()
+        rc, doc, err = c.diagnose()
+        assert time.time() - t0 < 2.0 + ANSWER_GRACE + 3.0, "a dead agent must not block the verdict"
+        assert not any(i["ranks"] for i in doc["incidents"]), doc["incidents"]
+        assert {r["rank"] for r in doc["job"]["ranks"]} == {0, 1}
+        assert [(u["rank"], u["host"]) for u in doc["cluster"]["not_observed"]] == [(2, "nodeB"), (3, "nodeB")]
+        assert doc["cluster"]["agents"][1]["state"] == "no answer"
+        assert any("not observed" in n for n in doc["notes"])
 
-    c.start_agent(1)  # it rejoins
-    c.wait_joined(1, count=2)
+        c.start_agent(1)  # it rejoins
+        c.wait_joined(1, count=2)
+        e = w.wait(lambda e: e["event"].startswith("agent_"))
+        assert (e["event"], e["node"]) == ("agent_back", 1)
+    finally:
+        assert w.stop() == 1
+    # the stall stayed open while its ranks were not observed: not closed for want of an agent
+    assert not any(e["event"] == "incident_closed" and e["incident"]["ranks"] == [2] for e in w.seen), w.seen
     rc, doc, err = c.diagnose()
     assert rc == 1 and origins(doc) == [("process_stall", "attributed", [2])], err
 
