@@ -316,8 +316,8 @@ def _diagnose_cluster(args: argparse.Namespace) -> int:
         raise ScoutError("diagnose --cluster needs HOST:PORT and --token-file FILE, and no --job")
     if args.window <= 0:
         raise ScoutError("--window must be positive")
-    token = read_token(args.token_file)
-    client = ClusterClient(parse_addr(args.cluster), token)
+    addr = parse_addr(args.cluster)
+    client = ClusterClient(addr, read_token(args.token_file))
     try:
         d, cluster = client.diagnose(args.window)
     finally:

@@ -247,3 +247,14 @@ def test_healthy_job_names_nobody_and_agents_survive_the_store_host(cluster):
     c.wait_log(1, "rejoined")
     rc, doc, err = c.diagnose()
     assert rc == 0 and doc["incidents"] == [] and len(doc["job"]["ranks"]) == 4, (err, doc)
+
+
+def test_exit_on_node_1_is_named_with_its_host(cluster):
+    c = cluster(fault="exit", fault_rank=3, torchrun_args=["--monitor-interval", "600"])
+    c.jobs[1].wait_fault(timeout=120)
+    c.start()
+    rc, doc, err = c.diagnose()
+    assert rc == 1, err
+    assert origins(doc) == [("process_exit", "attributed", [3])]
+    assert doc["incidents"][0]["hosts"] == ["nodeB"]
+    assert "exited with code 3" in doc["incidents"][0]["summary"]

@@ -150,8 +150,8 @@ class Agent:
     def _node_rank_of_job(self) -> int | None:
         if self.job is None:
             return None
-        found = {r.group_rank for r in self.job.ranks}
-        if len(found) != 1 or None in found:
+        found = {r.group_rank for r in self.job.ranks if r.group_rank is not None}  # a zombie has none
+        if len(found) != 1:
             raise ScoutError("--node-rank auto: the ranks on this host carry no single GROUP_RANK "
                              f"({sorted(map(str, found))}); give --node-rank K")
         k = found.pop()
