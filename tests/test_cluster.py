@@ -238,6 +238,10 @@ def test_healthy_job_names_nobody_and_agents_survive_the_store_host(cluster):
     rc, doc, err = c.diagnose()
     assert rc == 0 and doc["incidents"] == [], (err, doc["incidents"])
     assert doc["status"] == "healthy" and len(doc["job"]["ranks"]) == 4
+    port = int(c.store.split(":")[1])
+    with open("/proc/net/tcp") as f:  # the store listens on the address given, not every interface
+        listening = [ln.split()[1] for ln in f.read().splitlines()[1:] if ln.split()[3] == "0A"]
+    assert listening.count(f"0100007F:{port:04X}") == 1 and f"00000000:{port:04X}" not in listening
 
     c.kill_agent(0)  # the store goes with it: the other agent says so once, and retries
     c.wait_log(1, "retrying every")

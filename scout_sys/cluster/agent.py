@@ -179,13 +179,14 @@ class Agent:
             self._heartbeat(now)
         self._serve()
 
-    def _heartbeat(self, now: float) -> None:
+    def _heartbeat(self, now: float, busy_for: float = 0.0) -> None:
+        """``busy_for``: seconds of a window about to start, during which no heartbeat comes."""
         assert self.store is not None and self.nonce is not None
         self._last_hb = now
         self._seq += 1
         body = {"node": self.node, "host": self.name, "time": now, "seq": self._seq, "ranks": self._beats(now),
                 "world_size": self.job.world_size if self.job else None, "error": self.job_error,
-                "forged": self._forged}
+                "forged": self._forged, "busy_for": busy_for}
         self.store.set(wire.hb_key(self.node), wire.seal(self.token, wire.hb_key(self.node), self.nonce, body))
 
     def _beats(self, now: float) -> list[dict[str, Any]]:
@@ -221,7 +222,9 @@ class Agent:
                 pending.append((rid, window))
         self._last_req = rid
         if pending:
-            answer = self._window(max(w for _, w in pending))
+            window = max(w for _, w in pending)
+            self._heartbeat(self.clock(), busy_for=window)  # watchers: silent for the window, not lost
+            answer = self._window(window)
             for r, _ in pending:
                 key = wire.answer_key(r, self.node)
                 self.store.set(key, wire.seal(self.token, key, self.nonce, {**answer, "id": r}))

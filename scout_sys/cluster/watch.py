@@ -147,7 +147,7 @@ class ClusterWatcher:
                 if node in self._lost and hb is not None:
                     self._lost.discard(node)
                     out.append(AgentEvent("agent_back", now, node, host, ranks))
-            elif node not in self._lost and now - old[1] >= LOST_AFTER:
+            elif node not in self._lost and now - old[1] >= LOST_AFTER + float((hb or {}).get("busy_for") or 0.0):
                 self._lost.add(node)
                 out.append(AgentEvent("agent_lost", now, node, host, ranks,
                                       f"no heartbeat for {now - old[1]:.0f} s{'; ' + problem if problem else ''}: "
