@@ -33,6 +33,8 @@ POLL = 0.2
 RETRY_EVERY = 2.0
 REQUEST_MAX_AGE = 30.0  # seconds: older requests (e.g. seen after a restart) are not answered
 MAX_WINDOW = 60.0
+MAX_PENDING = 64  # requests looked at per poll, newest first
+GAP_WAIT = 2.0  # seconds a counted request may take to appear
 
 
 def _say(text: str) -> None:
@@ -65,6 +67,7 @@ class Agent:
         self._forged = 0
         self._lost = False  # the store is unreachable and we said so
         self._procs: list[ProcSample] | None = None  # the last heartbeat's /proc samples
+        self._gap: dict[int, float] = {}  # request id -> when we first found it counted but not written
 
     # ------------------------------------------------------------------ store and run record
     def _connect(self) -> None:
@@ -203,11 +206,14 @@ class Agent:
         assert self.store is not None and self.nonce is not None
         top = self.store.add(wire.REQS, 0)
         pending: list[tuple[int, float]] = []
-        rid = self._last_req
+        rid = max(self._last_req, top - MAX_PENDING)  # a counter pushed far ahead (by anyone) costs little
         while rid < top:
             raw = self.store.get(wire.req_key(rid + 1))
-            if raw is None:
-                break  # counted but not written yet: next poll
+            if raw is None:  # counted but not written yet: wait a little, then skip (its client died)
+                if self.clock() - self._gap.setdefault(rid + 1, self.clock()) < GAP_WAIT:
+                    break
+                rid += 1
+                continue
             rid += 1
             try:
                 body = wire.unseal(self.token, wire.req_key(rid), raw, self.nonce)
@@ -221,6 +227,7 @@ class Agent:
             if 0 < window <= MAX_WINDOW and abs(self.clock() - float(body.get("time", 0.0))) <= REQUEST_MAX_AGE:
                 pending.append((rid, window))
         self._last_req = rid
+        self._gap = {k: v for k, v in self._gap.items() if k > rid}
         if pending:
             window = max(w for _, w in pending)
             self._heartbeat(self.clock(), busy_for=window)  # watchers: silent for the window, not lost
