@@ -314,6 +314,8 @@ def _diagnose_cluster(args: argparse.Namespace) -> int:
 
     if not args.cluster or not args.token_file or args.job:
         raise ScoutError("diagnose --cluster needs HOST:PORT and --token-file FILE, and no --job")
+    if args.native or args.ebpf or args.topology:
+        raise ScoutError("--native, --ebpf and --topology are for --job; with --cluster the agents' own options apply")
     if args.window <= 0:
         raise ScoutError("--window must be positive")
     addr = parse_addr(args.cluster)

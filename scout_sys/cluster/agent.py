@@ -35,6 +35,7 @@ REQUEST_MAX_AGE = 30.0  # seconds: older requests (e.g. seen after a restart) ar
 MAX_WINDOW = 60.0
 MAX_PENDING = 64  # requests looked at per poll, newest first
 GAP_WAIT = 2.0  # seconds a counted request may take to appear
+FIND_EVERY = 2.0  # seconds between two searches for the job's ranks (a /proc scan) while there are none
 
 
 def _say(text: str) -> None:
@@ -68,6 +69,7 @@ class Agent:
         self._lost = False  # the store is unreachable and we said so
         self._procs: list[ProcSample] | None = None  # the last heartbeat's /proc samples
         self._gap: dict[int, float] = {}  # request id -> when we first found it counted but not written
+        self._last_find = -FIND_EVERY
 
     # ------------------------------------------------------------------ store and run record
     def _connect(self) -> None:
@@ -127,8 +129,9 @@ class Agent:
     # ------------------------------------------------------------------ the local job
     def _ensure_job(self) -> None:
         """Find (or find again, after a restart of the job) this host's ranks."""
-        if self.job is not None and not self._all_gone():
+        if (self.job is not None and not self._all_gone()) or self.clock() - self._last_find < FIND_EVERY:
             return
+        self._last_find = self.clock()
         from scout_sys.job import find_job
         from scout_sys.monitor import Monitor, default_probes
 
