@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
 from typing import Any, Union
 
 from scout_sys.text import signal_name
@@ -77,9 +79,16 @@ class Job:
     layout: str = ""  # where peer_groups came from (scout_sys.topology); "" when unknown
     # Global ranks that run on other hosts: not observed here, never judged here.
     remote: tuple[int, ...] = ()
+    # Hosts of ranks in ``missing`` when they are not ``host`` (a whole-job view merged from agents).
+    missing_hosts: tuple[tuple[int, str], ...] = ()
 
-    def by_rank(self) -> dict[int, Rank]:
-        return {r.rank: r for r in self.ranks}
+    def by_rank(self) -> Mapping[int, Rank]:
+        return self._index
+
+    @cached_property
+    def _index(self) -> Mapping[int, Rank]:
+        # built once per Job (it is frozen): host_of / by_rank are called per rank by consensus
+        return MappingProxyType({r.rank: r for r in self.ranks})
 
     def groups(self) -> tuple[tuple[int, ...], ...]:
         if self.peer_groups:
@@ -88,7 +97,11 @@ class Job:
 
     def host_of(self, rank: int) -> str:
         r = self.by_rank().get(rank)
-        return r.host if r else self.host
+        return r.host if r else self._missing_hosts.get(rank, self.host)
+
+    @cached_property
+    def _missing_hosts(self) -> Mapping[int, str]:
+        return MappingProxyType(dict(self.missing_hosts))
 
 
 # --------------------------------------------------------------------------- observations
@@ -279,7 +292,7 @@ class Diagnosis:
                     d["collective"] = v.collective
             ranks.append(d)
         for m in self.job.missing:
-            ranks.append({"rank": m, "pid": None, "host": self.job.host, "local_rank": None,
+            ranks.append({"rank": m, "pid": None, "host": self.job.host_of(m), "local_rank": None,
                           "state": "exited"})
         ranks.sort(key=lambda d: d["rank"])
         return {

@@ -24,8 +24,8 @@ from scout_sys.exporters.events import EventsFile
 from scout_sys.exporters.prometheus import PrometheusExporter
 from scout_sys.job import find_job
 from scout_sys.model import ATTRIBUTED, HANG
-from scout_sys.watch import Watcher
 from scout_sys.tui.app import make_app
+from scout_sys.watch import Watcher
 
 pytestmark = pytest.mark.slow
 AS_ROOT = ["--on-incident-user", "root"] if os.geteuid() == 0 else []

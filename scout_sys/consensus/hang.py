@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from scout_sys.consensus import c3
 from scout_sys.consensus import groups as peer_groups
@@ -108,6 +109,13 @@ class Activity:
         )
 
 
+@lru_cache(maxsize=4096)
+def _described(frames: tuple) -> tuple[tuple[str, ...], str, tuple[tuple[str, str], ...]]:
+    """(frame texts, where, function-level location) of a stack, cached by stack: thousands of ranks
+    show a few distinct stacks."""
+    return tuple(frame_text(f) for f in frames), where_text(frames), location_of(frames)
+
+
 def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSample]) -> Activity:
     """One rank's window → its Activity."""
     procs = sorted(procs, key=lambda p: p.time)
@@ -136,8 +144,7 @@ def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSamp
     good = [(s, m) for s in stacks if s.error is None and (m := s.main()) is not None and m.frames]
     latest = good[-1][1] if good else None
     if latest is not None:
-        base["stack"] = tuple(frame_text(f) for f in latest.frames)
-        base["where"] = where_text(latest.frames)
+        base["stack"], base["where"], _ = _described(latest.frames)
     errors = [s.error for s in stacks if s.error]
     if errors and not good:
         base["stack_error"] = errors[-1]
@@ -152,7 +159,7 @@ def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSamp
         return Activity(state="unknown", **base)
 
     waits = [collective_of(t.frames) for _, t in good]
-    locs = [location_of(t.frames) for _, t in good]
+    locs = [_described(t.frames)[2] for _, t in good]
     base["location"] = locs[-1]
     off_cpu = main_cpu is None or main_cpu < WAIT_MAX_MAIN_CPU
     w0 = waits[-1]
@@ -231,7 +238,12 @@ _KIND_OF_STATE = {"exited": PROCESS_EXIT, "stopped": PROCESS_STALL, "disk-sleep"
 def analyze(job: Job, obs: Sequence[Observation], *, window: tuple[float, float]) -> tuple[
         list[Incident], dict[int, Activity], list[str]]:
     """Hang findings for every peer group. Returns (incidents, activity per rank, notes)."""
-    acts = activities(job, obs)
+    return analyze_activities(job, activities(job, obs), window=window)
+
+
+def analyze_activities(job: Job, acts: dict[int, Activity], *, window: tuple[float, float]) -> tuple[
+        list[Incident], dict[int, Activity], list[str]]:
+    """:func:`analyze` from per-rank activities already summarised (e.g. by the agent on each host)."""
     notes: list[str] = []
     groups, layout = job.groups(), job.layout or "peer groups given with the job"
     if not job.peer_groups:  # layout unknown: group by the shape of activity (consensus/groups.py)
