@@ -282,9 +282,12 @@ def _watch(args: argparse.Namespace) -> int:
                 run_dashboard = None
             if run_dashboard is not None:
                 try:
-                    return run_dashboard(watcher)
+                    rc = run_dashboard(watcher)
                 finally:  # the dashboard's loop restored the default handler; keep close() reachable
                     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+                # the terminal is back: give the prompt back too, and detach the probes behind it
+                watcher.close(background=True)
+                return rc
 
         def emit(e: Event) -> None:
             if args.json:

@@ -131,9 +131,11 @@ class Watcher:
         self.monitor.start()
         self._publish()
 
-    def close(self) -> None:
+    def close(self, *, background: bool = False) -> None:
+        """Detach every probe (``background``: let a short-lived child do the slow part, see
+        :meth:`Monitor.close`)."""
         if self.monitor is not None:
-            self.monitor.close()
+            self.monitor.close(background=background)
             self.monitor = None
 
     def __enter__(self) -> Watcher:
