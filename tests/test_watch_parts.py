@@ -301,3 +301,17 @@ def test_inconclusive_and_attributed_hangs_are_distinct_incidents():
     book = IncidentBook()
     ev = book.reconcile([_hang(2), _hang(0, status=INCONCLUSIVE)], T0, frozenset({HANG}))
     assert len(ev) == 2 and {e.incident.status for e in ev} == {ATTRIBUTED, INCONCLUSIVE}
+
+
+# ---------------------------------------------------------------- views (for people)
+
+def test_views_keep_the_last_place_and_take_the_state_from_proc():
+    from scout_sys.watch.views import Views
+
+    v = Views()
+    v.from_stacks([_stack(1, T0, fn="load_batch")])
+    assert v.views[1].where.endswith("load_batch") and v.stacks[1][0].endswith("load_batch")
+    v.from_procs([_proc(1, T0 + 5, status="stopped")], T0 + 5)
+    assert v.views[1].state == "stopped" and v.views[1].where.endswith("load_batch")
+    v.from_procs([ProcSample(time=T0 + 6, rank=1, pid=101, status="gone")], T0 + 6)
+    assert v.views[1].state == "exited"

@@ -25,7 +25,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from scout_sys.consensus import hardware, lifecycle
-from scout_sys.consensus.patterns import collective_of
 from scout_sys.job import find_job
 from scout_sys.model import (
     DESYNC,
@@ -41,18 +40,17 @@ from scout_sys.model import (
     Job,
     Observation,
     ProcSample,
-    RankView,
     Snapshot,
     StackSample,
 )
 from scout_sys.monitor import Monitor, default_probes
-from scout_sys.text import frame_text, where_text
 from scout_sys.watch import bundle
 from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch
 from scout_sys.watch.incidents import IncidentBook
 from scout_sys.watch.progress import Progress, Rotation
 from scout_sys.watch.restart import ENDED, FOUND, SAME, RankFinder
 from scout_sys.watch.straggler import StragglerWatch
+from scout_sys.watch.views import Views
 
 if TYPE_CHECKING:
     from scout_sys.exporters import Sink
@@ -92,8 +90,7 @@ class Watcher:
         self.ended = False
         self.snapshot: Snapshot | None = None
         self._obs: deque[Observation] = deque()
-        self._views: dict[int, RankView] = {}
-        self._stacks: dict[int, tuple[str, ...]] = {}
+        self.views = Views()
         self._devices: dict[int, dict[str, object]] = {}
         self._notes: list[str] = []
         self._bundle: str | None = None
@@ -201,7 +198,7 @@ class Watcher:
                 events += self.book.reconcile(lifecycle.analyze(job, list(self._obs)), now, frozenset())
             elif found.status == FOUND and found.job is not None:
                 self._notes.append(found.note)
-                self._views = {}
+                self.views.clear()
                 self._bind(found.job, now)
             if found.status != SAME:  # ended, restarted, or new ranks still starting: judge nothing now
                 self._publish()
@@ -242,7 +239,7 @@ class Watcher:
             # a rank that died, seen by eBPF, while the rest has not stalled yet
             findings = [f for f in lifecycle.analyze(job, list(self._obs))
                         if f.ranks and all(any(p.rank == r and not p.alive for p in procs) for r in f.ranks)]
-            self._light_views(procs, now)
+            self.views.from_procs(procs, now)
         return self.book.reconcile(findings, now, HANG_KINDS, on_open=self._on_open)
 
     # ------------------------------------------------------------------ pieces
@@ -256,16 +253,7 @@ class Watcher:
         assert self.monitor is not None
         live = [p.rank for p in procs if p.alive and p.status not in DEAD_STATES]
         samples = self.monitor.stacks.dump(set(self.rotation.take(live)))
-        for s in samples:
-            main = s.main()
-            if main is None or s.error or not main.frames:
-                continue
-            self._stacks[s.rank] = tuple(frame_text(f) for f in main.frames)
-            old = self._views.get(s.rank)
-            w = collective_of(main.frames)
-            self._views[s.rank] = RankView(rank=s.rank, state=old.state if old else "running",
-                                           where=where_text(main.frames), collective=w.label() if w else None,
-                                           cpu_percent=old.cpu_percent if old else None, stack=self._stacks[s.rank])
+        self.views.from_stacks(samples)
         return samples
 
     def _confirm(self) -> list[Incident]:
@@ -277,30 +265,10 @@ class Watcher:
         self.progress.observe(obs, self.clock())
         d = self.monitor.decide([*obs, *(o for o in self._obs if not isinstance(o, (ProcSample, StackSample)))],
                                 (t0, self.clock()))
-        self._views = dict(d.views)
-        self._stacks.update({r: v.stack for r, v in d.views.items() if v.stack})
+        self.views.from_window(d)
         self._notes = list(d.notes)
         self._last_diagnosis = d
         return [i for i in d.incidents if i.kind in HANG_KINDS]
-
-    def _light_views(self, procs: Sequence[ProcSample], now: float) -> None:
-        """Per-rank state from /proc alone, keeping the last stack's place."""
-        for p in procs:
-            old = self._views.get(p.rank)
-            if not p.alive:
-                state = "exited"
-            elif p.status in ("stopped", "tracing-stop"):
-                state = "stopped"
-            elif p.status == "disk-sleep":
-                state = "disk-sleep"
-            elif p.status == "running" or (p.main_last_ran is not None and now - p.main_last_ran < 1.0):
-                state = "running"
-            else:
-                state = "idle"
-            self._views[p.rank] = RankView(rank=p.rank, state=state, where=old.where if old else "",
-                                           collective=old.collective if old else None,
-                                           cpu_percent=old.cpu_percent if old else None,
-                                           stack=old.stack if old else ())
 
     def _on_open(self, inc: Incident) -> tuple[Incident, str | None]:
         """A new incident: save a bundle for hangs, and say where it went."""
@@ -321,12 +289,12 @@ class Watcher:
     def _publish(self) -> None:
         assert self.job is not None and self.monitor is not None
         self.snapshot = Snapshot(
-            time=self.clock(), started=self.started, job=self.job, views=dict(self._views),
+            time=self.clock(), started=self.started, job=self.job, views=dict(self.views.views),
             incidents=tuple(self.book.open.values()), closed=tuple(self.book.closed),
             probes=dict(self.monitor.probe_status), stall_after=self.stall_after,
             step_times={r: tuple(v) for r, v in self.stragglers.period.items()},
             wait_fractions={r: tuple(1.0 - x for x in v) for r, v in self.stragglers.busy.items()},
-            stacks=dict(self._stacks), devices=dict(self._devices), ended=self.ended, bundle=self._bundle,
+            stacks=dict(self.views.stacks), devices=dict(self._devices), ended=self.ended, bundle=self._bundle,
             notes=tuple(self._notes[-10:]), pauses=self.progress.pauses(), seqs=self.progress.seqs(),
             lost_events=self.monitor.lost_events(),
         )
