@@ -22,9 +22,11 @@ Pure: no I/O, no clocks.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from scout_sys.consensus import c3
 from scout_sys.consensus import groups as peer_groups
@@ -116,6 +118,20 @@ def _described(frames: tuple) -> tuple[tuple[str, ...], str, tuple[tuple[str, st
     return tuple(frame_text(f) for f in frames), where_text(frames), location_of(frames)
 
 
+def untorn(samples: list[tuple[StackSample, Any]]) -> list[tuple[StackSample, Any]]:
+    """Drop torn reads. ``py-spy --nonblocking`` reads a running rank's frames without stopping it; a
+    rank that spins through a poll loop creates and frees frames all the time, and about one read in
+    two hundred comes back truncated (only the innermost frames, no callers). Such a read has another
+    outermost frame than the rank's other reads: keep the reads that share the most common one."""
+    if len(samples) < 3:
+        return samples
+    roots = Counter((m.frames[-1].file, m.frames[-1].function) for _, m in samples)
+    root, n = roots.most_common(1)[0]
+    if 2 * n <= len(samples):
+        return samples
+    return [(s, m) for s, m in samples if (m.frames[-1].file, m.frames[-1].function) == root]
+
+
 def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSample]) -> Activity:
     """One rank's window → its Activity."""
     procs = sorted(procs, key=lambda p: p.time)
@@ -140,8 +156,9 @@ def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSamp
         wrote = max(0, live[-1].write_chars - live[0].write_chars)
     base.update(cpu=cpu, main_cpu=main_cpu, wrote=wrote, last_ran=last.main_last_ran)
 
-    # A dump that caught the main thread between Python frames (no frame at all) says nothing.
-    good = [(s, m) for s in stacks if s.error is None and (m := s.main()) is not None and m.frames]
+    # A dump that caught the main thread between Python frames (no frame at all) says nothing; nor does
+    # a torn one (below).
+    good = untorn([(s, m) for s in stacks if s.error is None and (m := s.main()) is not None and m.frames])
     latest = good[-1][1] if good else None
     if latest is not None:
         base["stack"], base["where"], _ = _described(latest.frames)

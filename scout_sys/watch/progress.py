@@ -47,6 +47,7 @@ class Progress:
         self._seq: dict[int, _Run] = {}
         self._seq_groups: dict[int, dict[str, int]] = {}
         self._in_collective: dict[int, bool] = {}  # the rank's last stack sample was in a collective
+        self._root: dict[int, tuple[str, str]] = {}  # each rank's outermost frame (its main's entry)
 
     def forget(self) -> None:
         """A new set of processes (the job restarted): what the old ones did says nothing."""
@@ -63,9 +64,13 @@ class Progress:
                     self._pause[o.rank] = max(0.0, now - o.main_last_ran)
             elif isinstance(o, StackSample) and not o.native and o.error is None:
                 main = o.main()
-                if main is not None and main.frames:
-                    _advance(self._stack, o.rank, location_of(main.frames), o.time)
-                    self._in_collective[o.rank] = collective_of(main.frames) is not None
+                if main is None or not main.frames:
+                    continue
+                root = (main.frames[-1].file, main.frames[-1].function)
+                if self._root.setdefault(o.rank, root) != root:
+                    continue  # a torn read (consensus.hang.untorn): not the rank's whole stack
+                _advance(self._stack, o.rank, location_of(main.frames), o.time)
+                self._in_collective[o.rank] = collective_of(main.frames) is not None
             elif isinstance(o, CollectiveSample):
                 groups = self._seq_groups.setdefault(o.rank, {})
                 groups[o.group] = max(groups.get(o.group, 0), o.seq)
