@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from scout_sys.consensus import c3
 from scout_sys.consensus import groups as peer_groups
+from scout_sys.consensus import waitfor
 from scout_sys.consensus.patterns import CollectiveWait, collective_of, short_path
 from scout_sys.model import (
     ATTRIBUTED,
@@ -262,7 +263,9 @@ def analyze(job: Job, obs: Sequence[Observation], *, window: tuple[float, float]
         found.append((group, inc))
         notes += nts
     incidents, nts = peer_groups.across(job, groups, found, acts, _analyze_group, window, layout)
-    return incidents, acts, notes + nts
+    # No origin from the peer-group vote: follow who waits for whom over the learned process groups.
+    incidents, wf_notes = waitfor.resolve(job, obs, acts, incidents, _attribute, window)
+    return incidents, acts, notes + nts + wf_notes
 
 
 def _since(acts: Sequence[Activity], default: float) -> float:

@@ -318,3 +318,68 @@ def chain_text(graph: Graph, chain: Sequence[int], waits: Mapping[int, Wait]) ->
                 else f"is {w.state}")
             parts.append(f"{head} {state}")
     return " ".join(parts)
+
+
+# --------------------------------------------------------------------------- the seam in consensus/hang.py
+
+ELSEWHERE_RANK = -1  # stands for the members of a group that run on other hosts
+
+
+def latest_groups(obs: Sequence[Any]) -> Any | None:
+    """The newest :class:`~scout_sys.model.ProcessGroupSample` with at least one group."""
+    from scout_sys.model import ProcessGroupSample
+
+    best = None
+    for o in obs:
+        if isinstance(o, ProcessGroupSample) and o.groups and (best is None or o.time >= best.time):
+            best = o
+    return best
+
+
+def from_activities(acts: Mapping[int, Any], sample: Any) -> tuple[dict[int, Wait], list[tuple[int, ...]]]:
+    """Waits and groups from ``consensus.hang`` activities and a ProcessGroupSample."""
+    groups = [tuple(g) + ((ELSEWHERE_RANK,) if i in sample.partial else ()) for i, g in enumerate(sample.groups)]
+    waits_in = dict(sample.waits_in)
+    waits = {r: Wait(r, a.state, waits_in.get(r) if a.state == "waiting" else None,
+                     a.wait.label() if a.state == "waiting" and a.wait else "")
+             for r, a in acts.items()}
+    return waits, groups
+
+
+def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Sequence[Any],
+            attribute: Any, window: tuple[float, float]) -> tuple[list[Any], list[str]]:
+    """Where the peer-group vote named no origin: consult the wait-for graph of the learned process
+    groups. ``attribute`` is ``consensus.hang._attribute`` (incidents from origins and witnesses)."""
+    from dataclasses import replace
+
+    from scout_sys.model import ATTRIBUTED as ATTR
+    from scout_sys.model import HANG, Evidence
+
+    incidents = list(incidents)
+    sample = latest_groups(obs)
+    if sample is None or any(i.status == ATTR for i in incidents):
+        return incidents, []
+    waits, groups = from_activities(acts, sample)
+    g = analyze(waits, groups)
+    if g.status == NONE:
+        return incidents, []
+    lines = [chain_text(g, c, waits) for c in g.chains]
+    ev = [Evidence("procfs", f"wait-for: {t}", data={"chain": list(c)}) for t, c in zip(lines, g.chains)]
+    ev.append(Evidence("procfs", f"wait-for graph over {len(sample.groups)} process groups learned from the "
+                       "ranks' TCP connections", data={"wait_for": g.edges_json()}))
+    if g.status == ATTRIBUTED:
+        origins = [acts[r] for r in g.origins]
+        witnesses = [a for a in acts.values() if a.state == "waiting" and a.rank not in g.kinds]
+        found = attribute(job, origins, witnesses, "collectives of their process groups", len(acts), window,
+                          decisive_only=False)
+        found = [replace(i, evidence=i.evidence + tuple(ev)) for i in found]
+        kept = [i for i in incidents if not (i.kind == HANG and i.status != ATTR)]
+        return kept + found, [f"origin found by following the wait-for graph ({len(g.edges)} edges)"]
+    out = []
+    added = False
+    for i in incidents:
+        if i.kind == HANG and not added:
+            i = replace(i, evidence=i.evidence + tuple(ev))
+            added = True
+        out.append(i)
+    return out, [f"wait-for graph inconclusive: {g.reason}"]
