@@ -10,6 +10,7 @@
 Faults, on --fault-rank at --fault-step:
   hang    waits forever for a batch that never comes (outside any collective)
   desync  calls broadcast where its data-parallel peers all-reduce
+  tpdesync  (tp) calls broadcast in its tensor-parallel group where its partner runs the forward
 
 Prints "LAYOUT step N" (rank 0) and "LAYOUT fault KIND rank=R pid=P coords=..." (the bad rank).
 """
@@ -45,7 +46,7 @@ def sync_grads(params, group, rank: int, a) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layout", choices=["ddp", "fsdp", "pp", "tp"], required=True)
-    ap.add_argument("--fault", choices=["none", "hang", "desync"], default="none")
+    ap.add_argument("--fault", choices=["none", "hang", "desync", "tpdesync"], default="none")
     ap.add_argument("--fault-rank", type=int, default=2)
     ap.add_argument("--fault-step", type=int, default=3)
     ap.add_argument("--step-sleep", type=float, default=0.05)
@@ -117,7 +118,11 @@ def main() -> int:
         dp_group = mesh["dp"].get_group()
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
+        tp_group = mesh["tp"].get_group()
+
         def step_fn(step: int) -> None:
+            if a.faulty and a.fault == "tpdesync" and step == a.fault_step:
+                dist.broadcast(torch.zeros(4), src=dist.get_global_rank(tp_group, 0), group=tp_group)
             loss = model(x).pow(2).mean()
             loss.backward()
             sync_grads(list(model.parameters()), dp_group, rank, a)
