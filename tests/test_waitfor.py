@@ -104,3 +104,8 @@ def test_65536_ranks_dp_tp_pp():
     g = analyze(waits, groups)
     assert (g.status, g.origins) == (ATTRIBUTED, (stuck,)), g.reason
     assert time.perf_counter() - t0 < 10  # the 1 s target is checked by benchmarks/waitfor_graph.py
+
+
+def test_one_waiting_rank_of_two_is_no_majority():
+    g = analyze({0: w(0, group=0), 1: w(1, "idle")}, [(0, 1)])
+    assert g.status == INCONCLUSIVE and "1 of 2 ranks wait" in g.reason and g.origins == (1,)

@@ -26,9 +26,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scout_sys.consensus import c3
+from scout_sys.consensus import c3, waitfor
 from scout_sys.consensus import groups as peer_groups
-from scout_sys.consensus import waitfor
 from scout_sys.consensus.patterns import CollectiveWait, collective_of, short_path
 from scout_sys.model import (
     ATTRIBUTED,

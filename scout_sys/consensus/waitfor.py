@@ -11,10 +11,10 @@ group (the chain goes on through them), or they wait for no one — the chain en
 - not observed on this host (``elsewhere``): the chain runs elsewhere; nothing beyond it is named;
 - ``running`` (its stack moves): a pause, not a hang.
 
-Attributed only when every chain ends at an origin on this host (the chains agree) and every group
-of three or more members that holds an origin and in which ranks wait confirms it: a strict
-majority of its members waits in its collective (:mod:`consensus.c3`). Otherwise inconclusive, with
-the graph as evidence.
+Attributed only when every chain ends at an origin on this host (the chains agree), the waiting
+ranks are a strict majority of the ranks observed, and every group of three or more members that
+holds an origin and in which ranks wait confirms it: a strict majority of its members waits in its
+collective (:mod:`consensus.c3`). Otherwise inconclusive, with the graph as evidence.
 
 The edges are kept as bundles — (group, collective): its waiters → the members they await — so a
 group of 65,536 ranks costs 65,536 entries, not their square. Pure: no I/O, no clocks.
@@ -116,7 +116,7 @@ def analyze(waits: Mapping[int, Wait], groups: Sequence[Sequence[int]]) -> Graph
     for (g, c), rs in by_key.items():
         per_group.setdefault(g, []).append((c, rs))
     desync: dict[int, str] = {}  # rank -> DESYNC_STATE | TIE
-    for g, entries in per_group.items():
+    for entries in per_group.values():
         if len(entries) < 2:
             continue
         v = c3.vote({r: c for c, rs in entries for r in rs})
@@ -203,7 +203,13 @@ def analyze(waits: Mapping[int, Wait], groups: Sequence[Sequence[int]]) -> Graph
             return Graph(NONE, tuple(edges), (), {}, chains, _WHY[PROGRESS])
         why = "; ".join(_WHY.get(p, "a cycle of waits with no rank outside it") for p in sorted(problems))
         return _replace(graph, reason=f"chains end at {why}")
-    # 5. Every group of 3+ members that holds an origin and in which ranks wait: its strict majority
+    # 5. The witnesses (every waiting rank, all of whose chains end at the origins) are a strict
+    #    majority of the ranks observed here: one waiting rank of two names nobody.
+    witnesses = sum(len(e.waiters) for e in edges)
+    if 2 * witnesses <= len(waits):
+        return _replace(graph, reason=f"only {witnesses} of {len(waits)} ranks wait: no strict majority of "
+                        "witnesses confirms the origin")
+    # 6. Every group of 3+ members that holds an origin and in which ranks wait: its strict majority
     #    waits in its collective.
     waiting_in: dict[int, int] = {}
     for (g, _c), rs in by_key.items():
@@ -363,8 +369,7 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
     g = analyze(waits, groups)
     if g.status == NONE:
         return incidents, []
-    lines = [chain_text(g, c, waits) for c in g.chains]
-    ev = [Evidence("procfs", f"wait-for: {t}", data={"chain": list(c)}) for t, c in zip(lines, g.chains)]
+    ev = [Evidence("procfs", f"wait-for: {chain_text(g, c, waits)}", data={"chain": list(c)}) for c in g.chains]
     ev.append(Evidence("procfs", f"wait-for graph over {len(sample.groups)} process groups learned from the "
                        "ranks' TCP connections", data={"wait_for": g.edges_json()}))
     if g.status == ATTRIBUTED:
