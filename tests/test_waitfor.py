@@ -109,3 +109,61 @@ def test_65536_ranks_dp_tp_pp():
 def test_one_waiting_rank_of_two_is_no_majority():
     g = analyze({0: w(0, group=0), 1: w(1, "idle")}, [(0, 1)])
     assert g.status == INCONCLUSIVE and "1 of 2 ranks wait" in g.reason and g.origins == (1,)
+
+
+# --------------------------------------------------------------------------- the seam: hang.analyze
+
+
+def _job(n: int):
+    from scout_sys.model import Job, Rank
+
+    return Job(ranks=tuple(Rank(rank=r, pid=100 + r, host="h0") for r in range(n)), world_size=n,
+               launcher="torchrun", launcher_pid=99, host="h0")
+
+
+def _acts(states: dict[int, str], labels: dict[int, str]):
+    from scout_sys.consensus.hang import Activity
+    from scout_sys.consensus.patterns import CollectiveWait
+
+    return {r: Activity(rank=r, pid=100 + r, state=s,
+                        wait=CollectiveWait(op="all_reduce", site=labels[r], depth=0) if s == "waiting" else None)
+            for r, s in states.items()}
+
+
+def _resolve(sample, acts):
+    from scout_sys.consensus.hang import _attribute
+    from scout_sys.consensus.waitfor import resolve
+    from scout_sys.model import HANG, INCONCLUSIVE, Incident
+
+    before = [Incident(HANG, INCONCLUSIVE, (), ("h0",), 0.0, "no strict majority")]
+    return resolve(_job(4), [sample], acts, before, _attribute, (0.0, 1.0))
+
+
+def test_resolve_names_the_origin_with_chains_and_edges():
+    from scout_sys.model import ProcessGroupSample
+
+    groups = ((0, 1, 2, 3), (0, 2), (1, 3), (2, 3))
+    sample = ProcessGroupSample(time=1.0, groups=groups, waits_in=((0, 1), (1, 2), (3, 3)))
+    acts = _acts({0: "waiting", 1: "waiting", 2: "idle", 3: "waiting"},
+                 {0: "t.py:67", 1: "t.py:67", 3: "mappings.py:9"})
+    incidents, notes = _resolve(sample, acts)
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("hang", "attributed", (2,))]
+    ev = incidents[0].evidence
+    assert [e.data["chain"] for e in ev if "chain" in e.data] == [[0, 2], [1, 3, 2]]
+    edges = next(e.data["wait_for"] for e in ev if "wait_for" in e.data)
+    assert {"group": [1, 3], "collective": "all_reduce at t.py:67", "waiters": [1], "awaited": [3]} in edges
+    assert notes and "wait-for graph" in notes[0]
+
+
+def test_resolve_never_names_through_a_group_with_members_elsewhere():
+    from scout_sys.model import ProcessGroupSample
+
+    # group {1, 3} has a member on another host: rank 1's chain runs elsewhere
+    groups = ((0, 1, 2, 3), (0, 2), (1, 3), (2, 3))
+    sample = ProcessGroupSample(time=1.0, groups=groups, partial=(2,), waits_in=((0, 1), (1, 2), (3, 3)))
+    acts = _acts({0: "waiting", 1: "waiting", 2: "idle", 3: "waiting"},
+                 {0: "t.py:67", 1: "t.py:67", 3: "mappings.py:9"})
+    incidents, notes = _resolve(sample, acts)
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("hang", "inconclusive", ())]
+    assert "not observed on this host" in notes[0]
+    assert any("wait_for" in e.data for e in incidents[0].evidence)

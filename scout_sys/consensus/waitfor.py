@@ -154,25 +154,24 @@ def analyze(waits: Mapping[int, Wait], groups: Sequence[Sequence[int]]) -> Graph
         return PROGRESS
 
     # 4. Per bundle, where its chains end: an iterative Tarjan over bundles (successors first).
-    n = len(edges)
-    succ: list[list[int]] = [[] for _ in range(n)]
-    ends: list[set[int]] = [set() for _ in range(n)]  # origin ranks reached directly
-    bad: list[set[str]] = [set() for _ in range(n)]
-    for i, e in enumerate(edges):
-        if not e.awaited:
-            bad[i].add(COMMON)
-        seen_b: set[int] = set()
+    succ: list[list[int]] = []
+    ends: list[set[int]] = []  # origin ranks reached directly
+    bad: list[set[str]] = []
+    origin_like = ORIGIN_STATES | {DESYNC_STATE}
+    for e in edges:
+        nxt = {bundle_of[m] for m in e.awaited if m in bundle_of}
+        succ.append(list(nxt))
+        direct: set[int] = set()
+        why: set[str] = set() if e.awaited else {COMMON}
         for m in e.awaited:
-            how = end(m)
-            if how is None:
-                b = bundle_of[m]
-                if b not in seen_b:
-                    seen_b.add(b)
-                    succ[i].append(b)
-            elif how in ORIGIN_STATES or how == DESYNC_STATE:
-                ends[i].add(m)
-            else:
-                bad[i].add(how)
+            if m not in bundle_of:
+                how = end(m)
+                if how in origin_like:
+                    direct.add(m)
+                else:
+                    why.add(how)  # type: ignore[arg-type]
+        ends.append(direct)
+        bad.append(why)
     comp = _scc(succ)
     ncomp = max(comp, default=-1) + 1
     c_ends: list[set[int]] = [set() for _ in range(ncomp)]
