@@ -362,8 +362,9 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
 
     incidents = list(incidents)
     sample = latest_groups(obs)
-    if sample is None or any(i.status == ATTR for i in incidents):
-        return incidents, []
+    stalled = any(i.kind == HANG and i.status != ATTR for i in incidents)
+    if sample is None or not stalled or any(i.status == ATTR for i in incidents):
+        return incidents, []  # only where the rules saw a stall and could not name its origin
     waits, groups = from_activities(acts, sample)
     g = analyze(waits, groups)
     if g.status == NONE:
