@@ -97,7 +97,7 @@ class Graph:
 
 def analyze(waits: Mapping[int, Wait], groups: Sequence[Sequence[int]]) -> Graph:
     """The wait-for graph of ``waits`` (every rank observed on this host; any other rank is
-    elsewhere) over ``groups`` (process groups as global members), and its verdict."""
+    elsewhere) over ``groups`` (process groups as sorted global members), and its verdict."""
     # 1. Bundles: (group, collective) -> waiters.
     by_key: dict[tuple[int, str], list[int]] = {}
     no_group: list[int] = []
@@ -113,8 +113,9 @@ def analyze(waits: Mapping[int, Wait], groups: Sequence[Sequence[int]]) -> Graph
 
     # 2. Another collective of the same group: C3 among the members waiting in the group.
     per_group: dict[int, list[tuple[str, list[int]]]] = {}
-    for (g, c), rs in by_key.items():
-        per_group.setdefault(g, []).append((c, rs))
+    if len({g for g, _ in by_key}) < len(by_key):  # some group has waiters in two collectives
+        for (g, c), rs in by_key.items():
+            per_group.setdefault(g, []).append((c, rs))
     desync: dict[int, str] = {}  # rank -> DESYNC_STATE | TIE
     for entries in per_group.values():
         if len(entries) < 2:
@@ -133,7 +134,7 @@ def analyze(waits: Mapping[int, Wait], groups: Sequence[Sequence[int]]) -> Graph
         if desync.get(rs[0]) is not None:
             continue  # a desync origin (or a tie) ends chains; it follows none
         inside = set(rs)
-        members = tuple(sorted(groups[g]))
+        members = tuple(groups[g])
         awaited = tuple(m for m in members if m not in inside)
         bundle_of.update((r, len(edges)) for r in rs)
         edges.append(Edge(g, members, c, tuple(sorted(rs)), awaited))
@@ -278,11 +279,14 @@ def _chains(edges: Sequence[Edge], bundle_of: Mapping[int, int], end) -> tuple[t
     """A few chains for people: from waiters nobody waits for (else any waiter), first awaited
     rank each step, until the chain ends or loops."""
     awaited_somewhere = {m for e in edges for m in e.awaited}
-    starts = [r for e in edges for r in e.waiters if r not in awaited_somewhere]
-    starts = starts or [e.waiters[0] for e in edges]
+    starts = [next((r for r in e.waiters if r not in awaited_somewhere), None) for e in edges]
+    if all(s is None for s in starts):
+        starts = [e.waiters[0] for e in edges]  # every waiter is awaited: cycles; start anywhere
     out: list[tuple[int, ...]] = []
     seen_ends: set[tuple[int, ...]] = set()
     for s in starts:
+        if s is None:
+            continue
         path, here = [s], s
         while here in bundle_of:
             e = edges[bundle_of[here]]
