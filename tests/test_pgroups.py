@@ -112,3 +112,25 @@ def test_live_socket_table_sees_our_own_connection():
     finally:
         for x in (cli, acc, srv):
             x.close()
+
+
+def test_connecting_to_a_member_on_another_host_makes_the_group_partial_and_where_it_waits():
+    m = Mesh()
+    m.group([0, 1], sent={(1, 0): (4000, 4000), (0, 1): (4000, 4000)})
+    # a group {0, <remote>}: rank 0's listener, then its connection to the remote member's listener
+    m.port += 1
+    m._new(0, Sock((IP, m.port), ("0.0.0.0", 0), LISTEN))
+    m.port += 1
+    m._new(0, Sock((IP, m.port), ("10.0.0.9", 29400), ESTABLISHED, 2000, 2600))
+    learned = learn(m.socks, m.table)
+    assert learned.groups == ((0, 1), (0,)) and learned.partial == (1,)
+    assert current_groups(learned, m.socks, m.table) == {0: 1, 1: 0}
+
+
+def test_a_newest_send_on_a_socket_of_no_group_names_no_group():
+    m = Mesh()
+    m.group([0, 1], sent={(1, 0): (4000, 4000), (0, 1): (4000, 4000)})
+    m.port += 1
+    m._new(0, Sock((IP, m.port), (IP, 1), ESTABLISHED, 900, 950))  # e.g. the store, sent last
+    learned = learn(m.socks, m.table, exclude_ports=[1])
+    assert current_groups(learned, m.socks, m.table) == {1: 0}

@@ -213,6 +213,7 @@ def learn(socks: Mapping[int, Sequence[tuple[int, int]]], table: Mapping[int, So
     sock_listener: dict[tuple[int, int], tuple[int, int]] = {}
     remote_members: dict[tuple[int, int], int] = {}
     local_addrs = {s.local for _, _, s in conns}
+    local_ips = {a[0] for a in local_addrs} | {a[0] for a in listeners.values()}
     for rank, fd, s in conns:
         accepted = listener_at(s.local)
         if accepted is not None and accepted[0] == rank:
@@ -220,7 +221,14 @@ def learn(socks: Mapping[int, Sequence[tuple[int, int]]], table: Mapping[int, So
             if s.remote not in local_addrs:  # the connecting end is no rank we see
                 remote_members[accepted] = remote_members.get(accepted, 0) + 1
             continue
-        target = listener_at(s.remote)
+        target = listener_at(s.remote) if s.remote[0] in local_ips else None
+        if target is None and s.remote[0] not in local_ips and s.remote[1] not in skip:
+            # connects to a listener on another host: a member elsewhere, of its own block's group
+            mine = block(rank, fd)
+            if mine is not None:
+                sock_listener[(rank, fd)] = mine
+                remote_members[mine] = remote_members.get(mine, 0) + 1
+            continue
         if target is None or target[0] == rank:
             continue  # not a group socket (the store, the launcher, something else)
         sock_listener[(rank, fd)] = target
@@ -258,13 +266,13 @@ def current_groups(learned: Learned, socks: Mapping[int, Sequence[tuple[int, int
     old and names one group (ties broken by sends left unanswered since)."""
     out: dict[int, int] = {}
     for rank, fds in socks.items():
-        latest: list[tuple[int, int, bool]] = []  # (ms since sent, group, unanswered)
+        latest: list[tuple[int, int | None, bool]] = []  # (ms since sent, group or None, unanswered)
         for fd, ino in fds:
-            g = learned.group_of.get((rank, fd))
             s = table.get(ino)
-            if g is None or s is None or s.last_sent_ms is None or s.last_recv_ms is None:
+            if s is None or s.state != ESTABLISHED or s.last_sent_ms is None or s.last_recv_ms is None:
                 continue
-            latest.append((s.last_sent_ms, g, s.last_sent_ms < s.last_recv_ms))
+            # a socket of no known group counts too: a newest send there names no group
+            latest.append((s.last_sent_ms, learned.group_of.get((rank, fd)), s.last_sent_ms < s.last_recv_ms))
         if not latest:
             continue
         newest = min(t for t, _, _ in latest)
@@ -274,8 +282,8 @@ def current_groups(learned: Learned, socks: Mapping[int, Sequence[tuple[int, int
         gs = {g for g, _ in tied}
         if len(gs) > 1:
             gs = {g for g, un in tied if un}
-        if len(gs) == 1:
-            out[rank] = gs.pop()
+        if len(gs) == 1 and None not in gs:
+            out[rank] = gs.pop()  # type: ignore[assignment]
     return out
 
 
