@@ -68,6 +68,18 @@ def test_megatron_lock_opens_in_watch(start_job, watch_cli):  # noqa: F811
     assert e["incident"]["ranks"] == [1], e
 
 
+def test_dtensor_dp2_tp2_hang_named_without_topology(start_job):
+    # rank 2 stops feeding its steps: rank 0 waits for it in the dp all-reduce, rank 3 in the functional
+    # (DTensor) all-reduce's wait_tensor, rank 1 for rank 3 in its dp all-reduce
+    job = start_job(4, script=LAYOUTS, args=["--layout", "tp", "--fault", "hang", "--fault-rank", "2"])
+    job.wait_for(r"LAYOUT fault hang rank=2", timeout=150)
+    time.sleep(2.0)
+    rc, d = _diagnose(job.pid)
+    assert origins(d) == [("hang", "attributed", [2])], d["incidents"]
+    chains = [e["chain"] for e in d["incidents"][0]["evidence"] if "chain" in e]
+    assert [1, 3, 2] in chains, chains
+
+
 def test_dtensor_tp_desync_in_watch(start_job, watch_cli):  # noqa: F811
     job = start_job(4, script=LAYOUTS, args=["--layout", "tp", "--fault", "tpdesync", "--fault-rank", "2",
                                              "--fault-step", "300"])
