@@ -22,12 +22,12 @@ import psutil
 from scout_sys.demo.launch import DemoJob
 
 
-def _steps(job: DemoJob) -> int:
+def steps(job: DemoJob) -> int:
     found = re.findall(r"SCOUT-DEMO step step=(\d+)", job.log())
     return int(found[-1]) if found else 0
 
 
-def _cpu(p: psutil.Process) -> float:
+def watch_cpu(p: psutil.Process) -> float:
     """The watch's CPU seconds, its helpers (py-spy) included: reaped children, and live ones."""
     t = p.cpu_times()
     total = t.user + t.system + t.children_user + t.children_system
@@ -40,10 +40,10 @@ def _cpu(p: psutil.Process) -> float:
     return total
 
 
-def _rate(job: DemoJob, seconds: float) -> float:
-    s0, t0 = _steps(job), time.time()
+def rate(job: DemoJob, seconds: float) -> float:
+    s0, t0 = steps(job), time.time()
     time.sleep(seconds)
-    return (_steps(job) - s0) / (time.time() - t0)
+    return (steps(job) - s0) / (time.time() - t0)
 
 
 def main() -> int:
@@ -61,16 +61,16 @@ def main() -> int:
             tempfile.TemporaryDirectory() as state:
         job.wait_steps(5, timeout=180)
         for _ in range(a.rounds):
-            rates["without"].append(_rate(job, a.seconds))
+            rates["without"].append(rate(job, a.seconds))
             cmd = [sys.executable, "-m", "scout_sys", "watch", "--job", str(job.pid), "--headless", "--json",
                    "--state-dir", state] + (["--no-ebpf"] if a.no_ebpf else [])
             w = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             p = psutil.Process(w.pid)
             time.sleep(10)  # let the probes attach; their one-off compile is not the steady cost
-            c0 = _cpu(p)
+            c0 = watch_cpu(p)
             t0 = time.time()
-            rates["with"].append(_rate(job, a.seconds))
-            cpu.append(100 * (_cpu(p) - c0) / (time.time() - t0))
+            rates["with"].append(rate(job, a.seconds))
+            cpu.append(100 * (watch_cpu(p) - c0) / (time.time() - t0))
             rss.append(p.memory_info().rss / 2**20)
             w.terminate()
             w.wait(30)

@@ -7,8 +7,10 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from scout_sys import __version__
 from scout_sys.errors import ScoutError
@@ -37,6 +39,8 @@ examples:
 
 _WATCH_EPILOG = """\
 examples:
+  torchrun --nproc-per-node 8 train.py &                 # start the job and the watch together:
+  sudo scout-sys watch --job $! --headless --json >> incidents.jsonl   # waits for the ranks
   sudo scout-sys watch --job 12345                       # the dashboard
   sudo scout-sys watch --job 12345 --headless            # one line per incident event
   sudo scout-sys watch --job 12345 --headless --json     # one JSON object per line
@@ -82,9 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--native", action="store_true",
                    help="once a hang is confirmed, add native stacks of the origin ranks (pauses them briefly)")
     d.add_argument("-q", "--quiet", action="store_true", help="verdict only, no evidence")
-    d.add_argument("--ebpf", action="store_true",
+    d.add_argument("--ebpf", action=argparse.BooleanOptionalAction, default=False,
                    help="also attach the eBPF probes (collective sequence numbers, exits and signals) before "
-                        "the window; compiling them adds several seconds (see docs/ebpf.md)")
+                        "the window; compiling them adds several seconds (default: off; see docs/ebpf.md)")
 
     dm = sub.add_parser("demo", help="start a 4-rank demo job with one faulty rank, diagnose it, stop it",
                         epilog=_DEMO_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -112,7 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--json", action="store_true", help="with --headless: one JSON object per line per event")
     w.add_argument("--state-dir", default=None, metavar="DIR",
                    help="where evidence bundles go (default: /var/lib/scout-sys as root, else ~/.local/state/scout-sys)")
-    w.add_argument("--no-ebpf", action="store_true", help="do not attach the eBPF probes")
+    w.add_argument("--ebpf", action=argparse.BooleanOptionalAction, default=True,
+                   help="attach the eBPF probes in the background (default: on; --no-ebpf leaves them out)")
+    w.add_argument("--wait-ranks", type=float, default=None, metavar="SECONDS",
+                   help="when the job has no rank yet (watch started with the launcher), wait at most this long "
+                        "for its ranks (default: as long as the selected process lives)")
+    _export_options(w)
 
     sub.add_parser("doctor", help="check eBPF, py-spy, ptrace and NVML prerequisites and say how to fix them")
     return p
@@ -166,16 +175,82 @@ def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK if named == {args.rank} else EXIT_INCIDENT
 
 
+# ---------------------------------------------------------------- watch: the cluster's tooling (exporters/)
+_EXPORT_EPILOG = """\
+
+the cluster's tooling (docs/metrics.md, examples/):
+  sudo scout-sys watch --job 12345 --prometheus 9464 --job-name llama-70b   # /metrics for Prometheus
+  sudo scout-sys watch --job 12345 --headless --on-incident examples/on-incident.sh --on-incident-user root
+  sudo scout-sys watch --job 12345 --events /var/log/scout-sys/events.jsonl  # the dashboard, and a log
+hooks get the event JSON on stdin and SCOUT_SYS_{EVENT,INCIDENT,KIND,STATUS,RANKS,HOSTS,BUNDLE}; as root
+they run as nobody unless --on-incident-user says otherwise. Bundles, reports and --events files are
+0600 in 0700 folders (--group G: 0640/0750, group G). SIGHUP reopens the --events file (log rotation).
+"""
+
+
+def _export_options(w: argparse.ArgumentParser) -> None:
+    g = w.add_argument_group("the cluster's tooling")
+    g.add_argument("--prometheus", metavar="[ADDR:]PORT",
+                   help="serve Prometheus metrics on http://ADDR:PORT/metrics (ADDR default: all interfaces)")
+    g.add_argument("--job-name", metavar="NAME", help="the metrics' job label (default: the launcher's pid)")
+    g.add_argument("--on-incident", metavar="CMD",
+                   help="run CMD (through sh) on every incident_opened, the event JSON on its stdin")
+    g.add_argument("--on-incident-all", action="store_true", help="also on incident_updated and incident_closed")
+    g.add_argument("--on-incident-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="kill a hook (its whole process group) still running after this long (default: 60)")
+    g.add_argument("--on-incident-user", metavar="USER",
+                   help="run hooks as USER (as root the default is nobody: name root to give them the watch's "
+                        "privileges)")
+    g.add_argument("--events", metavar="FILE",
+                   help="append every event as a JSON line to FILE (fsynced; SIGHUP reopens it), dashboard too")
+    g.add_argument("--group", metavar="GROUP",
+                   help="make bundles, reports and the --events file readable by GROUP (default: owner only)")
+    w.epilog = (w.epilog or "") + _EXPORT_EPILOG
+
+
+def _export_sinks(args: argparse.Namespace, say: Callable[[str], None]) -> Any:  # exporters.Sinks
+    """The sinks the options ask for, started; bad values raise ScoutError before the watch starts."""
+    import signal
+
+    from scout_sys import files
+    from scout_sys.exporters import Sinks
+
+    files.share_with_group(args.group)
+    sinks: list = []
+    try:
+        if args.events:
+            from scout_sys.exporters.events import EventsFile
+
+            events = EventsFile(args.events, say=say)
+            sinks.append(events)
+            signal.signal(signal.SIGHUP, lambda *_: events.reopen())
+        if args.on_incident:
+            from scout_sys.exporters.hooks import HookRunner
+
+            sinks.append(HookRunner(args.on_incident, timeout=args.on_incident_timeout,
+                                    all_events=args.on_incident_all, user=args.on_incident_user, say=say))
+        if args.prometheus is not None:
+            from scout_sys.exporters.prometheus import PrometheusExporter
+
+            prom = PrometheusExporter(args.prometheus, job_name=args.job_name)
+            sinks.append(prom)
+            print(f"scout-sys: metrics at {prom.url}", file=sys.stderr, flush=True)
+    except BaseException:
+        Sinks(sinks, say).close()
+        raise
+    return Sinks(sinks, say)
+
+
 def _watch(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from scout_sys.model import Event
-    from scout_sys.monitor import STACKS_EVERY, Watcher
+    from scout_sys.model import Event, Job
     from scout_sys.report import printable
+    from scout_sys.watch import Watcher
 
-    if args.interval <= 0 or (args.stall_after is not None and args.stall_after <= 0):
-        raise ScoutError("--interval and --stall-after must be positive")
+    if args.interval <= 0 or any(v is not None and v <= 0 for v in (args.stall_after, args.wait_ranks)):
+        raise ScoutError("--interval, --stall-after and --wait-ranks must be positive")
     if bool(args.job) == bool(args.report):
         raise ScoutError("watch needs exactly one of --job SEL (a live job) or --report FILE (a saved report)")
     if args.report:
@@ -184,12 +259,15 @@ def _watch(args: argparse.Namespace) -> int:
 
         return run_dashboard(ReportSource(args.report))
     dashboard = not args.headless and not args.json and sys.stdout.isatty()
+    held: deque[str] = deque(maxlen=50)  # the dashboard owns the terminal: sinks' messages wait till it closes
+    sinks = _export_sinks(args, held.append if dashboard else lambda m: print(m, file=sys.stderr, flush=True))
     watcher = Watcher(args.job, interval=args.interval, stall_after=args.stall_after, state_dir=args.state_dir,
-                      ebpf=not args.no_ebpf, topology=args.topology, stack_refresh=STACKS_EVERY if dashboard else None)
+                      ebpf=args.ebpf, topology=args.topology, wait_ranks=args.wait_ranks)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    watcher.start()
     try:
+        watcher.start()
+        sinks.attach(watcher)
         if dashboard:
             try:
                 from scout_sys.tui.app import run_dashboard
@@ -214,13 +292,15 @@ def _watch(args: argparse.Namespace) -> int:
             if e.bundle:
                 print(printable(f"  evidence saved to {e.bundle}"), flush=True)
 
-        if not args.json:
-            job = watcher.job
-            assert job is not None
-            print(f"watching {job.world_size} ranks ({len(job.ranks)} on {job.host}), launcher {job.launcher} "
-                  f"pid {job.launcher_pid}; Ctrl-C to stop", flush=True)
+        def on_job(job: Job) -> None:
+            if not args.json:
+                print(f"watching {job.world_size} ranks ({len(job.ranks)} on {job.host}), launcher {job.launcher} "
+                      f"pid {job.launcher_pid}; Ctrl-C to stop", flush=True)
+
+        if watcher.job is None:
+            print(f"scout-sys: {watcher.waiting}", file=sys.stderr, flush=True)
         try:
-            rc = watcher.run(emit, stop)
+            rc = watcher.run(emit, stop, on_job=on_job)
         except KeyboardInterrupt:
             rc = 1 if watcher.ever_opened else 0
         if not args.json:
@@ -228,6 +308,9 @@ def _watch(args: argparse.Namespace) -> int:
         return rc
     finally:
         watcher.close()
+        sinks.close()
+        for m in held:
+            print(m, file=sys.stderr)
 
 
 def _doctor() -> int:

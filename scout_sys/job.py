@@ -25,6 +25,7 @@ import psutil
 
 from scout_sys.errors import SUDO_HINT, BadSelector, NoRanks, PermissionDenied, TargetGone
 from scout_sys.model import Job, Rank
+from scout_sys.text import ranks_text
 
 # (rank, world size, local rank) variables by launcher family, in order of preference.
 _RANK_VARS = (
@@ -207,7 +208,8 @@ def _zombie_children(launcher: psutil.Process | None) -> list[psutil.Process]:
 def _build(cands: list[_Candidate], launcher: psutil.Process | None, selector: str) -> Job:
     if not cands:
         raise NoRanks(f"no rank processes found for --job {selector} "
-                      "(looked for RANK/WORLD_SIZE in the environment of the process and its descendants)")
+                      "(looked for RANK/WORLD_SIZE in the environment of the process and its descendants; "
+                      "the ranks may not have started yet: `watch` waits for them)")
     keys = sorted({c.key for c in cands})
     if len(keys) > 1:
         raise BadSelector(f"--job {selector} covers {len(keys)} different jobs ({', '.join(keys)}); "
@@ -229,6 +231,11 @@ def _build(cands: list[_Candidate], launcher: psutil.Process | None, selector: s
         expected = set(range(world))
         notes.append("single-host job (MASTER_ADDR is this host): all ranks expected here")
     missing = tuple(sorted(expected - found))
+    # Ranks of the job that live elsewhere: seen from this host they can be neither witness nor origin.
+    remote = tuple(sorted(set(range(world)) - (expected or found)))
+    if remote:
+        notes.append(f"{ranks_text(remote)} run on other hosts: not observed here (one agent per host sees "
+                     "the whole job: docs/cluster.md)")
     ranks = tuple(
         Rank(
             rank=c.rank,
@@ -263,6 +270,7 @@ def _build(cands: list[_Candidate], launcher: psutil.Process | None, selector: s
         host=host,
         missing=missing,
         notes=tuple(notes),
+        remote=remote,
     )
 
 

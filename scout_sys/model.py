@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from scout_sys.text import signal_name
+
 SCHEMA = "scout-sys/diagnosis/v1"
 
 # Incident kinds (the JSON "kind" field).
@@ -73,6 +75,8 @@ class Job:
     peer_groups: tuple[tuple[int, ...], ...] = ()
     notes: tuple[str, ...] = ()
     layout: str = ""  # where peer_groups came from (scout_sys.topology); "" when unknown
+    # Global ranks that run on other hosts: not observed here, never judged here.
+    remote: tuple[int, ...] = ()
 
     def by_rank(self) -> dict[int, Rank]:
         return {r.rank: r for r in self.ranks}
@@ -286,6 +290,7 @@ class Diagnosis:
                 "launcher": self.job.launcher,
                 "launcher_pid": self.job.launcher_pid,
                 "ranks": ranks,
+                **({"not_observed": list(self.job.remote)} if self.job.remote else {}),
                 **({"layout": self.job.layout, "peer_groups": [list(g) for g in self.job.peer_groups]}
                    if self.job.peer_groups else {}),
             },
@@ -339,6 +344,10 @@ class Snapshot:
     ended: bool = False
     bundle: str | None = None
     notes: tuple[str, ...] = ()
+    # live figures of the last poll (exporters; not part of a saved report)
+    pauses: dict[int, float] = field(default_factory=dict, hash=False, compare=False)  # main thread off CPU, s
+    seqs: dict[int, dict[str, int]] = field(default_factory=dict, hash=False, compare=False)  # eBPF: group -> seq
+    lost_events: int | None = None  # eBPF records dropped by full kernel maps; None: no eBPF probe on
 
     # ------------------------------------------------------------ its saved form (a report)
     def diagnosis(self) -> Diagnosis:
@@ -548,15 +557,6 @@ class OomRecord:
     total_vm_kb: int | None = None
     anon_rss_kb: int | None = None
     source: str = "ebpf"
-
-
-def signal_name(sig: int) -> str:
-    import signal as _signal
-
-    try:
-        return _signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
 
 
 # ---- NVML records (probes/nvml.py)

@@ -323,11 +323,6 @@ def peer_groups_for(job, topology: str | None = None,
     return (), {}, SOURCE_ACTIVITY
 
 
-def coords_text(coords: Mapping[str, int] | Iterable[tuple[str, int]]) -> str:
-    items = coords.items() if isinstance(coords, Mapping) else coords
-    return ",".join(f"{d}={c}" for d, c in items)
-
-
 def split_cmdline(text: str) -> list[str]:
     """A shell-quoted command line as argv (for tests and people)."""
     return shlex.split(text)

@@ -216,3 +216,87 @@ def test_every_rank_gone_names_nobody_from_proc_alone():
         obs += _rank_obs(r, stacks=SLEEPING, status=lambda i: "gone")
     incidents, _, notes = _analyze(_job(4), obs)
     assert incidents == [] and any("exited" in n for n in notes)
+
+
+# ---- the GPU shape: asynchronous collectives, waiters at a sync point with no collective frame
+
+SPIN_A = _stack(("wait_for_buckets", TRAIN, 151), ("average_gradients_async", TRAIN, 171), ("<module>", TRAIN, 90))
+SPIN_B = _stack(("<genexpr>", TRAIN, 151), ("wait_for_buckets", TRAIN, 151), ("average_gradients_async", TRAIN, 171),
+                ("<module>", TRAIN, 90))
+SPIN_LINE = _stack(("wait_for_buckets", TRAIN, 152), ("average_gradients_async", TRAIN, 171), ("<module>", TRAIN, 90))
+SPINNING = [SPIN_A, SPIN_B, SPIN_LINE, SPIN_B, SPIN_A]  # a poll loop: lines and generator frames come and go
+
+
+def test_spinning_majority_without_collective_frame_witnesses_a_hang():
+    obs = []
+    for r in range(4):
+        if r == 1:
+            obs += _rank_obs(r, stacks=SLEEPING)
+        else:
+            obs += _rank_obs(r, stacks=SPINNING, status="running", main_cpu_per_s=0.95, cpu_per_s=1.0)
+    incidents, acts, _ = _analyze(_job(4), obs)
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("hang", "attributed", (1,))]
+    assert acts[0].state == "busy" and acts[1].state == "idle"
+    assert "wait_for_buckets" in incidents[0].summary and "spinning" in incidents[0].summary
+    place = [e for e in incidents[0].evidence if "place" in e.data]
+    assert place and place[0].data["ranks"] == [0, 2, 3]
+
+
+def test_blocking_wait_majority_and_a_spinning_one_are_one_witness_group():
+    # work.wait() sleeps, a poll loop spins: how much CPU a waiter gets depends on the load, the place does not
+    obs = []
+    for r in range(5):
+        if r == 4:
+            obs += _rank_obs(r, stacks=SLEEPING)
+        elif r == 0:
+            obs += _rank_obs(r, stacks=SPINNING, status="running", main_cpu_per_s=0.9, cpu_per_s=0.9)
+        else:
+            obs += _rank_obs(r, stacks=SPIN_A)
+    incidents, _, _ = _analyze(_job(5), obs)
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("hang", "attributed", (4,))]
+
+
+def test_spin_shape_all_at_the_sync_point_is_not_a_finding():
+    # a healthy GPU job whose steps are longer than the window looks exactly like this
+    obs = []
+    for r in range(4):
+        obs += _rank_obs(r, stacks=SPINNING, status="running", main_cpu_per_s=0.95, cpu_per_s=1.0)
+    incidents, _, _ = _analyze(_job(4), obs)
+    assert incidents == []
+
+
+def test_spin_shape_slow_rank_that_moves_is_a_pause():
+    moving = [SLEEPING, SPIN_A, _stack(("forward", TRAIN, 20), ("<module>", TRAIN, 90)), SLEEPING, SPIN_A]
+    obs = []
+    for r in range(4):
+        if r == 3:
+            obs += _rank_obs(r, stacks=moving, status="running", main_cpu_per_s=0.6, cpu_per_s=0.6)
+        else:
+            obs += _rank_obs(r, stacks=SPINNING, status="running", main_cpu_per_s=0.95, cpu_per_s=1.0)
+    incidents, acts, notes = _analyze(_job(4), obs)
+    assert incidents == [] and acts[3].state == "running"
+    assert any("still progressing" in n for n in notes)
+
+
+def test_spin_shape_rank_inside_a_collective_is_never_the_origin():
+    # Gloo-blocking call on one rank while three spin elsewhere: it waits too; nobody is named
+    obs = []
+    for r in range(4):
+        if r == 2:
+            obs += _rank_obs(r, stacks=WAIT_AR)
+        else:
+            obs += _rank_obs(r, stacks=SPINNING, status="running", main_cpu_per_s=0.95, cpu_per_s=1.0)
+    incidents, _, _ = _analyze(_job(4), obs)
+    assert all(2 not in i.ranks for i in incidents)
+
+
+def test_two_ranks_spinning_and_stuck_elsewhere_are_inconclusive():
+    obs = _rank_obs(0, stacks=SLEEPING) + _rank_obs(1, stacks=SPINNING, status="running", main_cpu_per_s=0.95,
+                                                  cpu_per_s=1.0)
+    incidents, _, _ = _analyze(_job(2), obs)
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("hang", "inconclusive", ())]
+
+
+def test_location_ignores_transient_comprehension_frames():
+    assert hang.location_of(SPIN_B) == hang.location_of(SPIN_A) == hang.location_of(SPIN_LINE)
+    assert hang.location_of(SLEEPING) != hang.location_of(SPIN_A)

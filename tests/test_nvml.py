@@ -12,7 +12,7 @@ from scout_sys.probes.nvml import NvmlProbe
 
 
 def test_without_a_driver_the_probe_says_why():
-    reason = NvmlProbe().available()
+    reason = NvmlProbe().check()
     try:
         import pynvml
 
@@ -55,7 +55,7 @@ def _gpu_job(n=4):
 
 def test_samples_map_ranks_to_devices_and_unreadable_values_are_none():
     p = NvmlProbe(nvml=lambda: _fake_nvml(slow=set(), ecc={}))
-    assert p.available() is None
+    assert p.check() is None
     p.start(_gpu_job())
     samples = {s.rank: s for s in p.sample()}
     p.close()

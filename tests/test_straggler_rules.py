@@ -74,3 +74,66 @@ def test_an_incident_needs_the_same_rank_in_three_windows():
     inc = straggler.confirm(job, [slow, slow, slow])
     assert inc is not None and inc.kind == STRAGGLER and inc.ranks == (2,)
     assert "straggler" in inc.summary and inc.evidence
+
+
+# ---- diagnose: one window of stacks
+
+def _window(rank_stacks, states, wrote=None):
+    """rank -> list of per-sample stacks (frames); Activities with ``states``."""
+    from scout_sys.consensus.hang import Activity
+    from scout_sys.model import StackSample, ThreadStack
+
+    obs = []
+    for r, frames_list in rank_stacks.items():
+        for i, frames in enumerate(frames_list):
+            obs.append(StackSample(time=100.0 + i, rank=r, pid=10 + r,
+                                   threads=(ThreadStack(tid=10 + r, name="MainThread", active=True, frames=frames),)))
+    acts = {r: Activity(rank=r, pid=10 + r, state=states[r], wrote=(wrote or {}).get(r, 0)) for r in rank_stacks}
+    return obs, acts
+
+
+def _fr(*names):
+    from scout_sys.model import Frame
+
+    return tuple(Frame(function=n, file="/j/train.py", line=i) for i, n in enumerate(names))
+
+
+WAIT = _fr("wait_for_buckets", "main")
+COMPUTE = [_fr("forward", "main"), _fr("extra_compute", "main"), _fr("backward", "main"), _fr("extra_compute", "main"),
+           _fr("extra_compute", "main")]
+
+
+def test_diagnose_names_the_rank_the_others_keep_waiting_for():
+    peers = [WAIT, WAIT, _fr("forward", "main"), WAIT, WAIT]
+    obs, acts = _window({0: peers, 1: peers[1:] + peers[:1], 2: COMPUTE, 3: peers},
+                        {0: "running", 1: "running", 2: "running", 3: "running"})
+    assert set(straggler.never_waiting(_job(4), obs, acts)) == {2}
+    # with the stacks alone (no busy share in the window): a note, not an incident
+    incidents, notes = straggler.in_window(_job(4), obs, acts, (100.0, 104.0))
+    assert incidents == [] and any("rank 2 was never found waiting" in n for n in notes)
+    # both measures agree: attributed
+    busy = [ProcSample(time=100.0 + t, rank=r, pid=10 + r, status="running", main_cpu_ns=int(t * 1e9 * (0.95 if r == 2 else 0.3)),
+                       main_delay_ns=0) for r in range(4) for t in (0, 4)]
+    incidents, _ = straggler.in_window(_job(4), obs + busy, acts, (100.0, 104.0))
+    assert [(i.kind, i.ranks) for i in incidents] == [("straggler", (2,))]
+    assert "never waits" in incidents[0].summary and {e.source for e in incidents[0].evidence} == {"stack", "procfs"}
+
+
+def test_diagnose_straggler_not_for_a_checkpoint_pause_or_a_hang():
+    waiting = [WAIT] * 5
+    # rank 0 writes a checkpoint while the others wait the whole window: a pause
+    obs, acts = _window({0: COMPUTE, 1: waiting, 2: waiting, 3: waiting},
+                        {0: "running", 1: "idle", 2: "idle", 3: "idle"}, wrote={0: 10 << 20})
+    assert straggler.never_waiting(_job(4), obs, acts) == {}
+    # a rank stuck elsewhere is a hang, never a straggler
+    obs, acts = _window({0: [_fr("load", "main")] * 5, 1: COMPUTE, 2: COMPUTE, 3: COMPUTE},
+                        {0: "idle", 1: "running", 2: "running", 3: "running"})
+    assert straggler.never_waiting(_job(4), obs, acts) == {}
+
+
+def test_diagnose_straggler_healthy_job_names_nobody():
+    mixed = [[WAIT, _fr("forward", "main"), WAIT, _fr("backward", "main"), WAIT][(i + r) % 5:] +
+             [WAIT, _fr("forward", "main"), WAIT, _fr("backward", "main"), WAIT][:(i + r) % 5] for r, i in
+             zip(range(4), (0, 1, 2, 3), strict=True)]
+    obs, acts = _window(dict(enumerate(mixed)), dict.fromkeys(range(4), "running"))
+    assert straggler.never_waiting(_job(4), obs, acts) == {}

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from scout_sys.monitor import Watcher
 from scout_sys.tui.app import make_app
 from scout_sys.tui.widgets import HeaderBar, RankGrid, StackTree, TextScreen
+from scout_sys.watch import Watcher
 
 pytestmark = pytest.mark.slow
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from scout_sys.model import ATTRIBUTED, INCONCLUSIVE, Incident, RankView
+from scout_sys.text import compress
 from scout_sys.tui.state import (
     category,
-    compress,
     group_stacks,
     parse_filter,
     pyspy_frame,

@@ -15,7 +15,7 @@ import pytest
 
 from scout_sys.job import find_job
 from scout_sys.model import ATTRIBUTED, HANG, STRAGGLER
-from scout_sys.monitor import Watcher
+from scout_sys.watch import Watcher
 
 pytestmark = pytest.mark.slow
 
@@ -220,8 +220,8 @@ def test_sigterm_stops_watch_cleanly(start_job, watch_cli, tmp_path):
 def test_first_rank_to_die_is_named_when_torchrun_kills_the_rest(start_job, tmp_path):
     from scout_sys.probes.ebpf.sched import SchedProbe
 
-    if SchedProbe().available():
-        pytest.skip(f"eBPF sched probe unavailable: {SchedProbe().available()}")
+    if SchedProbe().check():
+        pytest.skip(f"eBPF sched probe unavailable: {SchedProbe().check()}")
     job = start_job(4)
     job.wait_steps(2)
     with Watcher(str(job.pid), state_dir=str(tmp_path)) as w:

@@ -22,13 +22,12 @@ Pure: no I/O, no clocks.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scout_sys.consensus import c3, waitfor
 from scout_sys.consensus import groups as peer_groups
-from scout_sys.consensus.patterns import CollectiveWait, collective_of, short_path
+from scout_sys.consensus.patterns import CollectiveWait, collective_of
 from scout_sys.model import (
     ATTRIBUTED,
     DESYNC,
@@ -44,6 +43,7 @@ from scout_sys.model import (
     RankView,
     StackSample,
 )
+from scout_sys.text import frame_text, ranks_text, signal_name, where_text
 
 STATES = ("waiting", "running", "busy", "idle", "stopped", "disk-sleep", "exited", "unknown")
 DECISIVE = ("stopped", "disk-sleep", "exited")
@@ -54,12 +54,18 @@ BUSY_MIN_MAIN_CPU = 0.30
 # A rank that wrote this much (write syscalls) in the window is progressing (e.g. a checkpoint).
 WRITE_PROGRESS_BYTES = 64 * 1024
 
-_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
-            9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM", 19: "SIGSTOP", 20: "SIGTSTP"}
+# Frames a loop creates and leaves on every turn (``all(w.is_completed() for w in works)``): a rank
+# polling in such a loop stays at one place although these come and go between two samples.
+_TRANSIENT = frozenset({"<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>", "<lambda>"})
 
 
-def signal_name(sig: int) -> str:
-    return _SIGNALS.get(sig, f"signal {sig}")
+def location_of(frames) -> tuple[tuple[str, str], ...]:
+    """Where a stack (innermost first) is, by function: ``((file, function), ...)``, without the
+    transient frames of comprehensions and lambdas at its top."""
+    i = 0
+    while i < len(frames) - 1 and frames[i].function.rsplit(".", 1)[-1] in _TRANSIENT:
+        i += 1
+    return tuple((f.file, f.function) for f in frames[i:])
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,9 @@ class Activity:
         if self.state == "waiting" and self.wait is not None:
             return ("waiting", self.wait.op, self.wait.site)
         if self.state in ("busy", "idle"):
-            return (self.state, self.location)
+            # Spinning or asleep, it stayed at one place: a spin-wait and a blocking wait at the same
+            # sync point are the same witness (how much CPU it got depends on the machine's load).
+            return ("still", self.location)
         return (self.state,)
 
     def view(self) -> RankView:
@@ -98,25 +106,6 @@ class Activity:
             cpu_percent=None if self.cpu is None else 100.0 * self.cpu,
             stack=self.stack,
         )
-
-
-def _frame_str(f) -> str:
-    return f"{short_path(f.file)}:{f.line} {f.function}"
-
-
-_STDLIB = re.compile(r"/lib/python3\.\d+/(?!site-packages/|dist-packages/)|^<frozen ")
-
-
-def where_of(frames) -> str:
-    """The innermost frame that is not the standard library, e.g. ``train.py:78 load_batch``,
-    followed by the innermost frame when that one differs (``(in threading.py:331 Condition.wait)``)."""
-    if not frames:
-        return ""
-    own = next((f for f in frames if not _STDLIB.search(f.file)), frames[0])
-    text = _frame_str(own)
-    if own is not frames[0]:
-        text += f" (in {_frame_str(frames[0])})"
-    return text
 
 
 def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSample]) -> Activity:
@@ -143,11 +132,12 @@ def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSamp
         wrote = max(0, live[-1].write_chars - live[0].write_chars)
     base.update(cpu=cpu, main_cpu=main_cpu, wrote=wrote, last_ran=last.main_last_ran)
 
-    good = [(s, s.main()) for s in stacks if s.error is None and s.main() is not None]
+    # A dump that caught the main thread between Python frames (no frame at all) says nothing.
+    good = [(s, m) for s in stacks if s.error is None and (m := s.main()) is not None and m.frames]
     latest = good[-1][1] if good else None
     if latest is not None:
-        base["stack"] = tuple(_frame_str(f) for f in latest.frames)
-        base["where"] = where_of(latest.frames)
+        base["stack"] = tuple(frame_text(f) for f in latest.frames)
+        base["where"] = where_text(latest.frames)
     errors = [s.error for s in stacks if s.error]
     if errors and not good:
         base["stack_error"] = errors[-1]
@@ -162,7 +152,7 @@ def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSamp
         return Activity(state="unknown", **base)
 
     waits = [collective_of(t.frames) for _, t in good]
-    locs = [tuple((f.file, f.function) for f in t.frames) for _, t in good]
+    locs = [location_of(t.frames) for _, t in good]
     base["location"] = locs[-1]
     off_cpu = main_cpu is None or main_cpu < WAIT_MAX_MAIN_CPU
     w0 = waits[-1]
@@ -186,13 +176,6 @@ def activities(job: Job, obs: Sequence[Observation]) -> dict[int, Activity]:
     for m in job.missing:
         out[m] = Activity(rank=m, pid=None, state="exited")
     return out
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    rs = sorted(ranks)
-    if len(rs) > 8:
-        return f"{len(rs)} ranks ({', '.join(map(str, rs[:6]))}, ...)"
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
 
 
 def _who(job: Job, a: Activity) -> str:
@@ -268,14 +251,24 @@ def analyze(job: Job, obs: Sequence[Observation], *, window: tuple[float, float]
 
 
 def _since(acts: Sequence[Activity], default: float) -> float:
-    times = [a.last_ran for a in acts if a.last_ran is not None]
+    times = [a.last_ran for a in acts if a.last_ran is not None and a.state != "busy"]  # spinners always ran
     return min(times) if times else default
+
+
+def wait_phrase(a: Activity) -> str:
+    """How a witness waits: ``in all_reduce at train.py:118``, or, in the GPU shape (an asynchronous
+    collective's wait, no collective frame), ``at train.py:151 wait_for_buckets, spinning``."""
+    if a.state == "waiting" and a.wait is not None:
+        return f"in {a.wait.label()}"
+    how = {"busy": "spinning on a CPU", "idle": "asleep"}.get(a.state, a.state)
+    return f"at {a.where or '?'}, {how}, outside any collective frame"
 
 
 def _majority_evidence(job: Job, waiting: list[Activity], label: str) -> Evidence:
     rep = waiting[0]
-    return Evidence("stack", f"{_ranks_text([a.rank for a in waiting])} wait in {label}",
-                    data={"ranks": sorted(a.rank for a in waiting), "collective": label,
+    key = "collective" if rep.state == "waiting" else "place"
+    return Evidence("stack", f"{ranks_text([a.rank for a in waiting])} wait {label}",
+                    data={"ranks": sorted(a.rank for a in waiting), key: label, "state": rep.state,
                           "stack": list(rep.stack),
                           "main_thread_cpu_percent": [round(100 * (a.main_cpu or 0.0), 1) for a in waiting]})
 
@@ -293,25 +286,32 @@ def _analyze_group(job: Job, g: dict[int, Activity], window: tuple[float, float]
         return [], [f"all {n} ranks are in {v.signature[1]} with their main thread off CPU"]
     if v.status == c3.AGREE and waiting_sig:
         acts = list(g.values())
-        label = acts[0].wait.label() if acts[0].wait else "?"
+        label = wait_phrase(acts[0])
         return [Incident(
             kind=HANG, status=INCONCLUSIVE, ranks=(), hosts=tuple(sorted({job.host_of(r) for r in g})),
             since=_since(acts, window[0]),
-            summary=(f"all {n} ranks wait in {label} and none is elsewhere: common-mode hang; the origin is "
+            summary=(f"all {n} ranks wait {label} and none is elsewhere: common-mode hang; the origin is "
                      "outside these ranks (a rank on another host, the network, the store)"),
             evidence=(_majority_evidence(job, acts, label),),
         )], []
 
-    if v.attributed and waiting_sig:
+    # Witnesses: a strict majority that made no progress over the window at one place, inside a
+    # collective (the Gloo shape) or outside any (the GPU shape: the collective was only enqueued and
+    # the rank waits for it at a sync point, spinning or asleep).
+    no_progress_sig = v.signature is not None and v.signature[0] == "still"
+    if v.attributed and (waiting_sig or no_progress_sig):
         majority = [g[r] for r in v.majority]
         minority = [g[r] for r in v.minority]
-        label = majority[0].wait.label() if majority[0].wait else "?"
+        label = wait_phrase(majority[0])
         moving = [a for a in minority if a.state == "running"]
-        origins = [a for a in minority if a.state != "running"]
+        origins = [a for a in minority if a.state != "running" and not (no_progress_sig and a.state == "waiting")]
         notes = []
+        if no_progress_sig and len(origins) < len(minority) - len(moving):
+            # A rank inside a collective is a witness too, never an origin: the majority is elsewhere.
+            majority += [a for a in minority if a.state == "waiting"]
         if moving:
             notes.append(
-                f"{len(majority)} of {n} ranks wait in {label} for {_ranks_text([a.rank for a in moving])}, "
+                f"{len(majority)} of {n} ranks wait {label} for {ranks_text([a.rank for a in moving])}, "
                 f"which {'is' if len(moving) == 1 else 'are'} still progressing "
                 f"({'; '.join(a.where or '?' for a in moving)}): a pause (e.g. a checkpoint), not a hang")
         return _attribute(job, origins, majority, label, n, window, decisive_only=False), notes
@@ -325,9 +325,11 @@ def _analyze_group(job: Job, g: dict[int, Activity], window: tuple[float, float]
     decisive = [a for a in g.values() if a.state in DECISIVE]
     if decisive:
         # A stopped or dead rank is an incident on its own, whatever the others do yet.
-        label = waiting[0].wait.label() if waiting and waiting[0].wait else "?"
+        label = wait_phrase(waiting[0]) if waiting else "?"
         return _attribute(job, decisive, waiting, label, n, window, decisive_only=True), []
-    stalled = waiting and all(a.state in ("waiting", "idle", "busy", "unknown") for a in g.values())
+    # Nobody progresses and somebody waits (in a collective, or spinning at a sync point).
+    stalled = (waiting or any(a.state == "busy" for a in g.values())) and len(v.counts) > 1 and all(
+        a.state in ("waiting", "idle", "busy", "unknown") for a in g.values())
     if stalled:
         groups: dict[tuple, list[int]] = {}
         for r, a in g.items():
@@ -335,12 +337,12 @@ def _analyze_group(job: Job, g: dict[int, Activity], window: tuple[float, float]
         ev = []
         for _sig, rs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1])):
             a = g[rs[0]]
-            ev.append(Evidence("stack", f"{_ranks_text(rs)} {_state_text(a).removeprefix('is ')}",
+            ev.append(Evidence("stack", f"{ranks_text(rs)} {_state_text(a).removeprefix('is ')}",
                                data={"ranks": sorted(rs), "state": a.state, "stack": list(a.stack)}))
         return [Incident(
             kind=HANG, status=INCONCLUSIVE, ranks=(), hosts=tuple(sorted({job.host_of(r) for r in g})),
             since=_since(waiting, window[0]),
-            summary=(f"no progress on any of {n} ranks, but no strict majority waits in one collective "
+            summary=(f"no progress on any of {n} ranks, but no strict majority waits at one place "
                      f"({len(waiting)} of {n} wait): cannot tell the origin"),
             evidence=tuple(ev),
         )], []
@@ -353,7 +355,7 @@ def _attribute(job: Job, origins: list[Activity], witnesses: list[Activity], lab
     for a in origins:
         by_kind.setdefault(_KIND_OF_STATE.get(a.state, HANG), []).append(a)
     out = []
-    witness_text = (f"{len(witnesses)} other rank{'s' if len(witnesses) != 1 else ''} wait in {label}"
+    witness_text = (f"{len(witnesses)} other rank{'s' if len(witnesses) != 1 else ''} wait {label}"
                     if witnesses else "no other rank waits in a collective yet")
     for kind, acts in sorted(by_kind.items()):
         ev: list[Evidence] = []
@@ -368,7 +370,7 @@ def _attribute(job: Job, origins: list[Activity], witnesses: list[Activity], lab
         if len(acts) == 1:
             head = f"{_who(job, first)} {_state_text(first)}"
         else:
-            head = f"{_ranks_text([a.rank for a in acts])} " + "; ".join(
+            head = f"{ranks_text([a.rank for a in acts])} " + "; ".join(
                 f"rank {a.rank} {_state_text(a)}" for a in acts)
         since = _since(witnesses or acts, window[0])
         out.append(Incident(

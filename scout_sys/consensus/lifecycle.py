@@ -24,8 +24,8 @@ from scout_sys.model import (
     Observation,
     OomRecord,
     SignalRecord,
-    signal_name,
 )
+from scout_sys.text import signal_name
 
 TIE = 0.0005  # seconds
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scout_sys.model import Frame
+from scout_sys.text import short_path
 
 _C10D_OPS = frozenset(
     """
@@ -139,11 +140,3 @@ def collective_of(frames: tuple[Frame, ...]) -> CollectiveWait | None:
     p2p = any((m := _match(f)) is not None and m.p2p for f in frames[:at + 1]) or (
         wrap_at is not None and (w := _match(frames[wrap_at])) is not None and w.p2p)
     return CollectiveWait(op=op, site=site, depth=at, direct=op_at is not None, p2p=p2p)
-
-
-def short_path(path: str) -> str:
-    """A path as a person wants to read it: from the package down (like py-spy's short names)."""
-    for marker in ("/site-packages/", "/dist-packages/"):
-        if marker in path:
-            return path.split(marker, 1)[1]
-    return path

@@ -21,6 +21,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from scout_sys.consensus import c3
 from scout_sys.model import (
@@ -32,7 +33,9 @@ from scout_sys.model import (
     Job,
     Observation,
     ProcSample,
+    StackSample,
 )
+from scout_sys.text import ranks_text
 
 K_MAD = 4.0
 BUSY_FLOOR = 0.20  # fraction of the window
@@ -203,7 +206,7 @@ def _rank_text(w: WindowVerdict, r: int) -> str:
 
 
 def _summary(w: WindowVerdict, ranks: tuple[int, ...], k: int) -> str:
-    who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+    who = ranks_text(ranks)
     worst = max(w.values.get(r, 0.0) for r in ranks)
     if w.metric == "lag" and w.period:
         slow = (worst - w.median) / w.period
@@ -213,3 +216,80 @@ def _summary(w: WindowVerdict, ranks: tuple[int, ...], k: int) -> str:
         return f"{who} is a straggler: it enters collectives {(worst - w.median) * 1000:.0f} ms after its peers"
     return (f"{who} is a straggler: busy {worst * 100:.0f}% of the time while its peers are busy "
             f"{w.median * 100:.0f}% and wait for it the rest, in {k} windows in a row")
+
+
+# ---- one window (``diagnose``): the rank the others keep waiting for
+
+WAITED_MIN = 0.5  # share of stack samples in which a strict majority must be found waiting
+
+
+def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any]) -> dict[int, tuple[int, int, str]]:
+    """From the window's stack samples: ranks that were never found waiting while a strict majority of
+    their peers — themselves progressing (their stacks move) — was found waiting in more than
+    ``WAITED_MIN`` of the samples, in a collective (Gloo) or at their common sync point (the GPU shape).
+    Only a rank that progresses itself (``running``, not writing a checkpoint) counts: a stuck one is a
+    hang. Returns rank -> (samples in which the majority waited, samples, where they waited)."""
+    from scout_sys.consensus.hang import WRITE_PROGRESS_BYTES, location_of
+    from scout_sys.consensus.patterns import collective_of
+
+    stacks: dict[int, list[Any]] = {}
+    for o in sorted((o for o in obs if isinstance(o, StackSample) and not o.native and o.error is None),
+                    key=lambda s: s.time):
+        main = o.main()
+        if main is not None and main.frames:
+            w = collective_of(main.frames)
+            stacks.setdefault(o.rank, []).append(("coll", w.op, w.site) if w else ("place", location_of(main.frames)))
+    out: dict[int, tuple[int, int, str]] = {}
+    for group in job.groups():
+        ranks = [r for r in group if len(stacks.get(r, ())) >= 3]
+        if len(ranks) < 3:
+            continue
+        k = min(len(stacks[r]) for r in ranks)
+        keys = [x for r in ranks for x in stacks[r][:k]]
+        wait_key = max(set(keys), key=keys.count)  # where the group spends its time: the wait
+        waits = {r: [x == wait_key or x[0] == "coll" for x in stacks[r][:k]] for r in ranks}
+        waited = sum(sum(waits[r][i] for r in ranks) * 2 > len(ranks) for i in range(k))
+        if waited <= WAITED_MIN * k:
+            continue
+        where = f"in {wait_key[1]} at {wait_key[2]}" if wait_key[0] == "coll" else "at their common sync point"
+        for r in ranks:
+            a = acts.get(r)
+            if any(waits[r]) or a is None or a.state != "running" or a.wrote >= WRITE_PROGRESS_BYTES:
+                continue
+            peers = [p for p in ranks if p != r]
+            if sum(acts.get(p) is not None and acts[p].state == "running" for p in peers) * 2 > len(peers):
+                out[r] = (waited, k, where)
+    return out
+
+
+def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], window: tuple[float, float]
+              ) -> tuple[list[Incident], list[str]]:
+    """``diagnose``'s straggler: attributed when two measures agree over the window — the window's
+    outlier by the watch's measure (collective arrival lag with eBPF, else the main thread's busy
+    share from schedstat, both continuous) and the stack samples (it never waited while the majority
+    did). One of them alone is a note. Returns (incidents, notes)."""
+    seen = never_waiting(job, obs, acts)
+    w = window_verdict(job, obs, window[0], window[1])
+    out: list[Incident] = []
+    notes: list[str] = []
+    for r in sorted(set(w.suspects) | set(seen)):
+        stack_text = None
+        if r in seen:
+            waited, k, where = seen[r]
+            stack_text = (f"rank {r} was never found waiting while a strict majority of its peers waited "
+                          f"{where} in {waited} of {k} stack samples")
+        measure = _rank_text(w, r) if r in w.suspects else None
+        if stack_text and measure:
+            src = "ebpf" if w.metric == "lag" else "procfs"
+            out.append(Incident(
+                kind=STRAGGLER, status=ATTRIBUTED, ranks=(r,), hosts=(job.host_of(r),), since=window[0],
+                summary=f"rank {r} is a straggler: its peers wait for it ({_fmt(w.metric, w.values.get(r, 0.0))}; "
+                        f"peers {_fmt(w.metric, w.median)}) and it never waits",
+                evidence=(Evidence("stack", stack_text, rank=r, data={"samples": seen[r][1],
+                                                                      "majority_waiting": seen[r][0]}),
+                          Evidence(src, measure, rank=r, data={"metric": w.metric, "value": round(w.values[r], 4),
+                                                               "peer_median": round(w.median, 4),
+                                                               "threshold": round(w.threshold, 4)}))))
+        else:
+            notes.append(f"possible straggler (one measure only, not enough to name it): {stack_text or measure}")
+    return out, notes

@@ -55,7 +55,9 @@ class DemoJob:
     def __init__(self, nproc: int = 4, *, fault: str = "none", fault_rank: int = 2, fault_step: int = 5,
                  launcher: str = "torchrun", args: list[str] | None = None, script: str | None = None,
                  module: str = "scout_sys.demo.train", torchrun_args: list[str] | None = None,
-                 python: str | None = None, env: dict[str, str] | None = None) -> None:
+                 python: str | None = None, env: dict[str, str] | None = None, port: int | None = None) -> None:
+        """``port``: the rendezvous port (default: a free one); launchers of one multi-node job
+        (``torchrun_args=["--nnodes", "2", "--node-rank", "K"]``) share it."""
         self.nproc = nproc
         self.launcher = launcher
         self.id = uuid.uuid4().hex[:12]
@@ -64,7 +66,7 @@ class DemoJob:
         train_args = list(args or [])
         if script is None:
             train_args += ["--fault", fault, "--fault-rank", str(fault_rank), "--fault-step", str(fault_step)]
-        self.port = free_port()
+        self.port = port or free_port()
         if launcher == "torchrun":
             tr = ["--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port",
                   str(self.port), *(torchrun_args or [])]

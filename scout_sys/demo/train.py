@@ -15,6 +15,19 @@ Faults (``--fault KIND --fault-rank R --fault-step S``), each on one rank at one
 - ``desync``: calls broadcast where every other rank calls all_reduce;
 - ``desync-size``: calls all_reduce with a tensor of a different size.
 
+``--sync``: how a rank waits for its gradients, i.e. which shape of job this is:
+
+- ``blocking`` (default): one synchronous ``all_reduce`` (the Gloo/CPU shape: a waiting rank sits
+  inside a ``torch.distributed`` frame, off CPU);
+- ``spin``: the GPU/NCCL shape. Buckets are reduced with ``async_op=True`` (the call only enqueues),
+  then the rank polls ``work.is_completed()`` and yields between polls, as the CUDA driver's default
+  spin-wait does: a waiting rank has no collective frame on its stack and stays on a CPU;
+- ``wait``: asynchronous buckets, then ``work.wait()`` (off CPU, still no collective frame: hand-written
+  overlap, FSDP-style prefetch).
+
+In the asynchronous shapes the ``desync`` fault issues its broadcast asynchronously too and waits for
+it at the same place as everyone else, as on a GPU.
+
 ``--checkpoint-every N --checkpoint-seconds T``: every N steps rank 0 writes a checkpoint for about
 T seconds while the others wait at a barrier (a healthy pause). Every rank exits by itself after
 ``--max-seconds`` so a forgotten demo never outlives its welcome.
@@ -28,6 +41,7 @@ import signal
 import sys
 import tempfile
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -45,10 +59,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    choices=["none", "hang", "stop", "busy", "exit", "slow", "desync", "desync-size"])
     p.add_argument("--fault-rank", type=int, default=2)
     p.add_argument("--fault-step", type=int, default=5)
+    p.add_argument("--fault-when", default=None, metavar="PATH",
+                   help="inject the fault at the first step >= --fault-step at which PATH exists (tests that "
+                        "must attach something first)")
     p.add_argument("--exit-code", type=int, default=3)
     p.add_argument("--fault-once", action="store_true",
                    help="inject the fault only in the first attempt (TORCHELASTIC_RESTART_COUNT=0)")
     p.add_argument("--slow-factor", type=float, default=4.0, help="slow: step takes this many times longer")
+    p.add_argument("--sync", default="blocking", choices=["blocking", "spin", "wait"],
+                   help="blocking all_reduce (Gloo shape), or async buckets with a spinning / blocking wait (GPU shape)")
+    p.add_argument("--buckets", type=int, default=2, help="gradient buckets in the async shapes")
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--checkpoint-seconds", type=float, default=1.0)
     p.add_argument("--log-every", type=int, default=10)
@@ -128,6 +148,49 @@ def average_gradients(model: nn.Module) -> torch.Tensor:
     return flat
 
 
+def wait_for_buckets(works: list, spin: bool, deadline: float) -> None:
+    """The GPU shape's wait: poll and yield (the CUDA driver's spin-wait), or block in ``wait()``.
+    Past ``deadline`` the rank exits, so a forgotten demo never spins forever."""
+    if spin:
+        while not all(w.is_completed() for w in works):
+            os.sched_yield()
+            if time.time() > deadline:
+                os._exit(0)
+    for w in works:
+        try:  # returns at once when completed; raises the collective's error if it failed
+            w.wait(timedelta(seconds=max(1.0, deadline - time.time())))
+        except RuntimeError:
+            if time.time() > deadline:
+                os._exit(0)
+            raise
+
+
+def average_gradients_async(model: nn.Module, buckets: int, spin: bool, deadline: float, *,
+                            desync: str = "none") -> None:
+    """DDP-style bucketed reduction with ``async_op=True``: enqueue every bucket, then wait.
+    ``desync``: ``desync`` issues a broadcast for the first bucket, ``desync-size`` a longer all_reduce."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    per = max(1, -(-len(grads) // max(1, buckets)))
+    flats, works = [], []
+    for i in range(0, len(grads), per):
+        flat = torch.cat([g.reshape(-1) for g in grads[i:i + per]])
+        if desync == "desync" and i == 0:
+            works.append(dist.broadcast(flat, src=dist.get_rank(), async_op=True))
+        elif desync == "desync-size" and i == 0:
+            works.append(dist.all_reduce(torch.cat([flat, flat[:1]]), async_op=True))
+        else:
+            works.append(dist.all_reduce(flat, async_op=True))
+        flats.append((grads[i:i + per], flat))
+    wait_for_buckets(works, spin, deadline)
+    for bucket, flat in flats:
+        flat /= dist.get_world_size()
+        offset = 0
+        for g in bucket:
+            n = g.numel()
+            g.copy_(flat[offset:offset + n].view_as(g))
+            offset += n
+
+
 def write_checkpoint(model: nn.Module, seconds: float, path: str) -> int:
     """Write the model repeatedly for about ``seconds`` (real file I/O), return bytes written."""
     end = time.time() + seconds
@@ -167,12 +230,15 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         mark("start", world=world, pid=os.getpid())
     step = 0
+    fault_step = args.fault_step
     try:
         for step in range(args.steps):
+            if mine and step >= fault_step and args.fault_when and not os.path.exists(args.fault_when):
+                fault_step = step + 1  # not yet
             if time.time() > deadline:
                 break
             t0 = time.time()
-            if mine and step == args.fault_step and args.fault not in ("none", "slow"):
+            if mine and step == fault_step and args.fault not in ("none", "slow"):
                 mark("fault", kind=args.fault, rank=rank, step=step, pid=os.getpid())
                 if args.fault == "hang":
                     load_next_batch_stuck(deadline)
@@ -187,14 +253,18 @@ def main(argv: list[str] | None = None) -> int:
             opt.zero_grad()
             loss = nn.functional.cross_entropy(model(x), y)
             loss.backward()
-            if mine and step == args.fault_step and args.fault == "desync":
-                desync_collective(torch.zeros(8))
-            elif mine and step == args.fault_step and args.fault == "desync-size":
-                desync_size(torch.zeros(8))
-            average_gradients(model)
+            if args.sync != "blocking":
+                average_gradients_async(model, args.buckets, args.sync == "spin", deadline,
+                                        desync=args.fault if mine and step == fault_step else "none")
+            else:
+                if mine and step == fault_step and args.fault == "desync":
+                    desync_collective(torch.zeros(8))
+                elif mine and step == fault_step and args.fault == "desync-size":
+                    desync_size(torch.zeros(8))
+                average_gradients(model)
             opt.step()
-            if mine and args.fault == "slow" and step >= args.fault_step:
-                if step == args.fault_step:
+            if mine and args.fault == "slow" and step >= fault_step:
+                if step == fault_step:
                     mark("fault", kind="slow", rank=rank, step=step, pid=os.getpid())
                 extra_compute(args.step_time * (args.slow_factor - 1.0))
             if args.checkpoint_every and step and step % args.checkpoint_every == 0:

@@ -1,29 +1,44 @@
 """Signal sources. One module per source, one small contract for all.
 
-A probe observes and never decides. Its contract (see :class:`Probe`):
+A probe observes and never decides. Its contract (:class:`Probe`), which the Monitor types against:
 
-- ``available() -> str | None``: ``None`` when it can run here, else a one-line reason (and fix);
+- ``name``: how people and the diagnosis call it (``procfs``, ``ebpf-collectives``, ``nvml``);
+- ``check() -> str | None``: ``None`` when it can run here, else a one-line reason (and the fix).
+  Side-effect free: it attaches and loads nothing;
 - ``start(job)``: attach to the job (may raise ``ProbeUnavailable``);
-- ``sample() -> list[Observation]``: what it saw since the last call, timestamped, per rank;
-- ``close()``: detach everything it attached. Must be safe to call twice.
+- ``sample(now) -> list[Observation]``: what it saw since the last call, timestamped, per rank;
+- ``health() -> Health``: notes for the diagnosis (a feature it runs without) and events it lost;
+- ``close()``: detach everything it attached. Safe to call twice.
 
-A probe that cannot run is reported (``Diagnosis.probes``) and the others go on.
+A probe that cannot run is reported (``Diagnosis.probes``) and the others go on. Stacks are not a
+probe sampled every window but a capability used on demand (:class:`~scout_sys.probes.pystack.StackDumper`):
+one py-spy dump costs about 10 ms of a CPU per rank, so the watch decides which ranks, and when.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from scout_sys.model import Job, Observation
 
 
+@dataclass(frozen=True)
+class Health:
+    notes: tuple[str, ...] = ()
+    lost: int = 0  # events or updates dropped (bounded maps full, buffers overrun)
+
+
+@runtime_checkable
 class Probe(Protocol):
     name: str
 
-    def available(self) -> str | None: ...
+    def check(self) -> str | None: ...
 
     def start(self, job: Job) -> None: ...
 
-    def sample(self) -> list[Observation]: ...
+    def sample(self, now: float) -> list[Observation]: ...
+
+    def health(self) -> Health: ...
 
     def close(self) -> None: ...

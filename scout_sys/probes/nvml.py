@@ -16,6 +16,7 @@ from typing import Any
 
 from scout_sys.errors import ProbeUnavailable
 from scout_sys.model import DeviceSample, Job
+from scout_sys.probes import Health
 
 # Clock-event reasons that mean the hardware slowed itself down (nvmlClocksEventReason*).
 _HW_SLOWDOWN = 0x8  # HwSlowdown
@@ -45,10 +46,15 @@ class NvmlProbe:
             self._nv = nv
         return self._nv
 
-    def available(self) -> str | None:
+    def check(self) -> str | None:
+        """Whether the driver answers (init, count, shutdown: nothing stays open)."""
         try:
-            nv = self._init()
-            nv.nvmlDeviceGetCount()
+            nv = self._loader()
+            nv.nvmlInit()
+            try:
+                nv.nvmlDeviceGetCount()
+            finally:
+                nv.nvmlShutdown()
         except ImportError:
             return "nvidia-ml-py is not installed"
         except Exception as e:  # noqa: BLE001 - NVMLError_* subclasses; their text is the reason
@@ -74,7 +80,10 @@ class NvmlProbe:
         except Exception:  # noqa: BLE001 - NA is a value
             return None
 
-    def sample(self) -> list[DeviceSample]:
+    def health(self) -> Health:
+        return Health()
+
+    def sample(self, now: float | None = None) -> list[DeviceSample]:
         out = []
         nv = self._nv
         for rank, (pid, idx, h) in self._handles.items():

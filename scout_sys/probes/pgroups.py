@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from scout_sys.errors import ProbeUnavailable
 from scout_sys.model import Job, Observation, ProcessGroupSample
+from scout_sys.probes import Health
 
 LISTEN, ESTABLISHED = 10, 1
 QUIET_MS = 500  # a waiting rank's last send is at least this old
@@ -300,8 +301,9 @@ class ProcessGroupProbe:
         self.every = every  # seconds between two reads (a watch polls twice a second)
         self._job: Job | None = None
         self._last = float("-inf")
+        self._notes: tuple[str, ...] = ()
 
-    def available(self) -> str | None:
+    def check(self) -> str | None:
         return None if os.path.isdir(self.proc) else f"{self.proc} is not mounted"
 
     def start(self, job: Job) -> None:
@@ -309,11 +311,15 @@ class ProcessGroupProbe:
             raise ProbeUnavailable("no rank process to read sockets from")
         self._job = job
 
-    def sample(self) -> list[Observation]:
+    def health(self) -> Health:
+        return Health(notes=self._notes)
+
+    def sample(self, now: float | None = None) -> list[Observation]:
         job = self._job
-        if job is None or time.monotonic() - self._last < self.every:
+        t = time.monotonic()
+        if job is None or t - self._last < self.every:
             return []
-        self._last = time.monotonic()
+        self._last = t
         socks = {r.rank: socket_fds(r.pid, self.proc) for r in job.ranks}
         table, timed = tcp_table()
         ports = {p for p in (store_port(r.pid, self.proc) for r in job.ranks) if p is not None}
@@ -322,8 +328,10 @@ class ProcessGroupProbe:
         notes = list(learned.notes)
         if not timed:
             notes.append("sock_diag unavailable: which group a rank waits in is unknown (groups from /proc/net/tcp)")
-        return [ProcessGroupSample(time=time.time(), groups=learned.groups, partial=learned.partial,
-                                   waits_in=tuple(sorted(waits.items())), notes=tuple(notes))]
+        self._notes = tuple(notes)
+        return [ProcessGroupSample(time=time.time() if now is None else now, groups=learned.groups,
+                                   partial=learned.partial, waits_in=tuple(sorted(waits.items())),
+                                   notes=tuple(notes))]
 
     def close(self) -> None:
         self._job = None

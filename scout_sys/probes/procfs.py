@@ -17,6 +17,7 @@ import time
 import psutil
 
 from scout_sys.model import Job, ProcSample
+from scout_sys.probes import Health
 
 PROC = "/proc"
 
@@ -91,7 +92,7 @@ class ProcfsProbe:
         self.proc = proc
         self._procs: dict[int, tuple[int, psutil.Process | None, float]] = {}  # rank -> (pid, p, ctime)
 
-    def available(self) -> str | None:
+    def check(self) -> str | None:
         return None if os.path.isdir(f"{self.proc}/self") else f"{self.proc} is not mounted"
 
     def start(self, job: Job) -> None:
@@ -102,11 +103,14 @@ class ProcfsProbe:
             except psutil.Error:
                 self._procs[r.rank] = (r.pid, None, 0.0)
 
-    def sample(self) -> list[ProcSample]:
-        return [self._one(rank, pid, p, ctime) for rank, (pid, p, ctime) in self._procs.items()]
+    def sample(self, now: float | None = None) -> list[ProcSample]:
+        return [self._one(rank, pid, p, ctime, now) for rank, (pid, p, ctime) in self._procs.items()]
 
-    def _one(self, rank: int, pid: int, p: psutil.Process | None, ctime: float) -> ProcSample:
-        now = time.time()
+    def health(self) -> Health:
+        return Health()
+
+    def _one(self, rank: int, pid: int, p: psutil.Process | None, ctime: float, now: float | None) -> ProcSample:
+        now = time.time() if now is None else now
         if p is None:
             return ProcSample(time=now, rank=rank, pid=pid, status="gone")
         try:

@@ -71,7 +71,10 @@ def dump(pid: int, *, native: bool = False, timeout: float = 2.0, py_spy: str | 
     return StackSample(time=now, rank=-1, pid=pid, threads=threads, native=native)
 
 
-class PyStackProbe:
+class StackDumper:
+    """Python stacks of the ranks' threads, on demand (``py-spy dump --nonblocking``: never pauses the
+    job; ``native=True`` does pause it for a moment, used only for ranks already hung)."""
+
     name = "stack"
 
     def __init__(self, *, timeout: float = 2.0, max_workers: int = 16) -> None:
@@ -81,7 +84,7 @@ class PyStackProbe:
         self._exe = find_py_spy()
         self._pool: ThreadPoolExecutor | None = None
 
-    def available(self) -> str | None:
+    def check(self) -> str | None:
         if self._exe is None:
             return "py-spy not found (make installs it into .venv; or pip install py-spy)"
         return None
@@ -91,7 +94,8 @@ class PyStackProbe:
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(self.max_workers, len(self._ranks))),
                                         thread_name_prefix="py-spy")
 
-    def sample(self, *, native: bool = False, ranks: set[int] | None = None) -> list[StackSample]:
+    def dump(self, ranks: set[int] | None = None, *, native: bool = False) -> list[StackSample]:
+        """One dump of each of ``ranks`` (default: every rank), in parallel."""
         if self._pool is None or self._exe is None:
             return []
         todo = [(r, p) for r, p in self._ranks if ranks is None or r in ranks]

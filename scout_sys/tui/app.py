@@ -27,11 +27,12 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Footer, Input, Tree
 
-from scout_sys.errors import ScoutError, TargetGone
+from scout_sys.errors import NoRanks, ScoutError, TargetGone
 from scout_sys.model import Diagnosis, Incident
 from scout_sys.report import printable, render
+from scout_sys.text import compress
 from scout_sys.tui.source import Source, save_report
-from scout_sys.tui.state import category, compress, group_stacks, parse_filter, suspects
+from scout_sys.tui.state import category, group_stacks, parse_filter, suspects
 from scout_sys.tui.widgets import (
     Cell,
     DevicePanel,
@@ -116,6 +117,7 @@ class ScoutApp(App[int]):
         self.last_diagnosis: Diagnosis | None = None
         self.last_saved: tuple[str, str] | None = None
         self.polls = 0
+        self.fatal: ScoutError | None = None  # the watch could not start: run_dashboard raises it
         self._visible: list[int] = []
 
     # ------------------------------------------------------------------ layout
@@ -152,7 +154,8 @@ class ScoutApp(App[int]):
         if first is not None:
             self.snapshot = first
         else:
-            self.query_one(HeaderBar).update(Text(" scout-sys  waiting for the first poll…"))
+            waiting = getattr(self.source, "waiting", None) or "waiting for the first poll…"
+            self.query_one(HeaderBar).update(Text(f" scout-sys  {waiting}"))
         if self.live:
             self._arm_poll(0.0)
 
@@ -184,10 +187,17 @@ class ScoutApp(App[int]):
         if msg.error is not None:
             self._error = f"{type(msg.error).__name__}: {msg.error}"
             ended = isinstance(msg.error, TargetGone)
+            if isinstance(msg.error, NoRanks | TargetGone) and getattr(self.source, "snapshot", None) is None:
+                self.fatal = msg.error  # the selected job ended before it had ranks: nothing to show
+                self.exit(2)
+                return
         else:
             self._error = None
             for ev in msg.events:
                 self._on_event(ev)
+            waiting = getattr(self.source, "waiting", None)
+            if msg.snapshot is None and waiting:
+                self.query_one(HeaderBar).update(Text(f" scout-sys  {waiting}"))
             if msg.snapshot is not None:
                 self.push_snapshot(msg.snapshot)
                 ended = bool(getattr(msg.snapshot, "ended", False))
@@ -508,6 +518,8 @@ def run_dashboard(source: Source, *, save_dir: str | None = None) -> int:
     app = make_app(source, save_dir=save_dir, handle_sigterm=True)
     rc = app.run()
     app.wait_idle()
+    if app.fatal is not None:
+        raise app.fatal
     return rc if isinstance(rc, int) else app.exit_status()
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from scout_sys.errors import ScoutError
+from scout_sys.files import private_dirs, private_opener
 from scout_sys.model import Diagnosis, Event, Snapshot
 from scout_sys.report import printable, render
 
@@ -63,7 +64,7 @@ def markdown_report(s: Any) -> str:
     stacks = s.stacks or {r: v.stack for r, v in s.views.items() if v.stack}
     groups = group_stacks(stacks, suspect=suspects(s.incidents))
     if groups:
-        from scout_sys.tui.state import compress
+        from scout_sys.text import compress
 
         lines += ["## Stacks (main thread, innermost first)", ""]
         for g in groups:
@@ -80,13 +81,13 @@ def markdown_report(s: Any) -> str:
 def save_report(s: Any, directory: str | None = None) -> tuple[str, str]:
     """Write ``scout-report-<time>.json`` and ``.md`` into ``directory`` (default: cwd)."""
     d = directory or os.getcwd()
-    os.makedirs(d, exist_ok=True)
+    private_dirs(d)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(s.time)) + f"-{int(s.time * 1000) % 1000:03d}"
     base = os.path.join(d, f"scout-report-{stamp}")
-    with open(base + ".json", "w") as f:
+    with open(base + ".json", "w", opener=private_opener) as f:
         json.dump(report_json(s), f, indent=1)
         f.write("\n")
-    with open(base + ".md", "w") as f:
+    with open(base + ".md", "w", opener=private_opener) as f:
         f.write(markdown_report(s))
     return base + ".json", base + ".md"
 

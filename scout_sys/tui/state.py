@@ -41,20 +41,6 @@ def suspects(incidents: Iterable[Incident]) -> frozenset[int]:
     return frozenset(r for i in incidents if i.status == ATTRIBUTED for r in i.ranks)
 
 
-def compress(ranks: Iterable[int]) -> str:
-    """``[0, 1, 2, 3, 5, 7, 8]`` → ``"0-3,5,7-8"``."""
-    out: list[str] = []
-    rs = sorted(set(ranks))
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
 def short_host(host: str, width: int = 14) -> str:
     h = printable(host)
     if not h.replace(".", "").isdigit():  # keep IP addresses whole

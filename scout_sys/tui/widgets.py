@@ -30,10 +30,10 @@ from textual.widgets.tree import TreeNode
 
 from scout_sys.model import Incident
 from scout_sys.report import printable
+from scout_sys.text import compress
 from scout_sys.tui.state import (
     CATEGORIES,
     StackGroup,
-    compress,
     fmt_elapsed,
     fmt_seconds,
     pyspy_frame,

@@ -85,9 +85,14 @@ def common_reason() -> str | None:
     return load_bcc()[1]
 
 
+COMMON_HEADER = "scout_common.bpf.h"
+
+
 def render(template: str, subs: Mapping[str, Any]) -> str:
-    """Read ``template`` beside this file and replace each whole-word token of ``subs``."""
+    """Read ``template`` beside this file, paste in the shared header where it is included, and
+    replace each whole-word token of ``subs``."""
     text = (HERE / template).read_text()
+    text = text.replace(f'#include "{COMMON_HEADER}"', (HERE / COMMON_HEADER).read_text())
     for token, value in subs.items():
         text = re.sub(rf"\b{re.escape(token)}\b", str(value), text)
     return text
@@ -155,3 +160,68 @@ def attach_mode_reason() -> str | None:
     if UPROBE_PMU.exists():
         return None
     return "kernel has no uprobe PMU (/sys/bus/event_source/devices/uprobe): uprobes unavailable"
+
+
+class BccProbe:
+    """What the bcc probes share: compile a rendered program, fill its ``pids`` filter map with the
+    job's ranks, count lost updates, detach on close. A subclass sets ``name`` and ``program`` and
+    implements ``check()``, ``_render(job)`` (the program text), ``_attach_programs()`` and ``sample(now)``."""
+
+    name = "ebpf"
+    program = ""  # the .bpf.c file beside this one
+
+    def __init__(self) -> None:
+        self._bpf: Any = None
+        self._ranks: dict[int, int] = {}  # host tgid -> rank
+        self.text = ""  # the generated program (what a hidden --ebpf prints)
+        self.notes: list[str] = []
+
+    def check(self) -> str | None:
+        return common_reason()
+
+    def start(self, job: Any) -> None:
+        from scout_sys.errors import ProbeUnavailable
+
+        reason = self.check()
+        if reason:
+            raise ProbeUnavailable(reason)
+        bcc, _ = load_bcc()
+        assert bcc is not None
+        self._ranks = {host_pid(r.pid): r.rank for r in job.ranks}
+        self.text = self._render(job)
+        try:
+            self._bpf = bcc.BPF(text=self.text.encode())
+            pids = self._bpf[b"pids"]
+            for tgid, rank in self._ranks.items():
+                pids[pids.Key(tgid)] = pids.Leaf(rank)
+            self._attach_programs()
+        except ProbeUnavailable:
+            self.close()
+            raise
+        except Exception as e:
+            self.close()
+            raise ProbeUnavailable(f"loading the {self.program} program failed: {e}") from e
+
+    def _render(self, job: Any) -> str:
+        raise NotImplementedError
+
+    def _attach_programs(self) -> None:
+        """Attach what the program's section names do not attach by themselves (uprobes)."""
+
+    def lost(self) -> int:
+        if self._bpf is None:
+            return 0
+        return int(sum(v.value for v in self._bpf[b"lost"].values()))
+
+    def health(self) -> Any:
+        from scout_sys.probes import Health
+
+        return Health(notes=tuple(self.notes), lost=self.lost())
+
+    def close(self) -> None:
+        bpf, self._bpf = self._bpf, None
+        if bpf is not None:
+            try:
+                bpf.cleanup()
+            except Exception:  # noqa: S110 - best effort; the kernel drops our fds when we exit
+                pass

@@ -10,7 +10,7 @@
 // the uretprobe trampoline terminates the process. Completion is seen at
 // AsyncWork::finishWorkGloo / finishWorkGlooError entry instead. NCCL's C API returns codes and
 // never unwinds, so its calls get uretprobes.
-#include <uapi/linux/ptrace.h>
+#include "scout_common.bpf.h"
 
 #define LIB_GLOO 1
 #define LIB_NCCL 2
@@ -20,7 +20,6 @@
 #define T_VEC 1     // std::vector<at::Tensor>&
 #define T_TENSOR 2  // at::Tensor&
 
-BPF_HASH(pids, u32, u32, MAX_PIDS);  // tgid -> rank; the kernel-side filter
 
 struct gkey {
     u32 tgid;
@@ -94,13 +93,6 @@ BPF_HASH(works, u32, struct wstate, MAX_PIDS);
 BPF_HASH(workers, u32, struct tstate, MAX_THREADS);
 BPF_HASH(calls, u32, struct call, MAX_THREADS);  // nccl: tid -> call in flight
 BPF_ARRAY(scratch, struct fp, 1);                  // fp is too large for the BPF stack
-BPF_ARRAY(lost, u64, 1);
-
-static inline void count_lost(void) {
-    int z = 0;
-    u64 *l = lost.lookup(&z);
-    if (l) __sync_fetch_and_add(l, 1);
-}
 
 static inline u32 *job_rank(u32 *tgid_out) {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;

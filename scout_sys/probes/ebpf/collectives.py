@@ -33,11 +33,10 @@ from typing import Any
 from scout_sys.errors import ProbeUnavailable
 from scout_sys.model import CollectiveSample, Fingerprint, Job, Observation
 from scout_sys.probes.ebpf._common import (
+    BccProbe,
     Clock,
     attach_mode_reason,
     common_reason,
-    host_pid,
-    load_bcc,
     mapped_libs,
     render,
 )
@@ -184,42 +183,32 @@ def _nccl_symbols(path: str) -> dict[str, int]:
     return function_symbols(path, ("|".join(list(NCCL_FUNCS) + list(NCCL_GROUP))).encode())
 
 
-class CollectiveProbe:
+class CollectiveProbe(BccProbe):
     """Probe contract (see scout_sys.probes). One ``CollectiveSample`` per rank and group per sample."""
 
     name = "ebpf-collectives"
+    program = "collectives.bpf.c"
 
     def __init__(self, max_pids: int = 256, max_groups: int = 1024, max_threads: int = 8192,
                  history: int = 16, transport: bool = True) -> None:
         """``transport=False`` leaves out the uprobes on Gloo's per-message tcp send/recv (the peer a
         rank waits on, bytes sent): they fire several times per collective and cost a CPU-bound job
         several percent (benchmarks/ebpf_overhead.py); the collective entry points alone do not."""
+        super().__init__()
         self.transport = transport
         if history & (history - 1):
             raise ValueError("history must be a power of two")
         self.max_pids, self.max_groups, self.max_threads, self.history = max_pids, max_groups, max_threads, history
-        self._bpf: Any = None
-        self._job: Job | None = None
-        self._ranks: dict[int, int] = {}  # host tgid -> rank
         self._libs: list[_Lib] = []
         self.attached: list[str] = []  # "path: symbol" per uprobe, for people and tests
-        self.text = ""  # the generated program (what a hidden --ebpf prints)
         self.tag_off: int | None = None
-        self.notes: list[str] = []
 
     # -- contract
 
-    def available(self) -> str | None:
+    def check(self) -> str | None:
         return common_reason() or attach_mode_reason()
 
-    def start(self, job: Job) -> None:
-        reason = self.available()
-        if reason:
-            raise ProbeUnavailable(reason)
-        bcc, _ = load_bcc()
-        assert bcc is not None
-        self._job = job
-        self._ranks = {host_pid(r.pid): r.rank for r in job.ranks}
+    def _render(self, job: Job) -> str:
         self._libs = self._find_libs(job)
         if not self._libs:
             raise ProbeUnavailable("no rank has libtorch_cpu.so (Gloo) or libnccl mapped: nothing to probe")
@@ -228,30 +217,18 @@ class CollectiveProbe:
                 self.tag_off = tag_offset(read_code(lib.open_path, lib.symbols[NEXT_TAG], 16))
         if self.tag_off is None and any(lib.kind == LIB_GLOO for lib in self._libs):
             self.notes.append("Gloo tag counter not found: sequence numbers count from attach")
-        self.text = render("collectives.bpf.c", {
+        return render(self.program, {
             "MAX_PIDS": self.max_pids, "MAX_GROUPS": self.max_groups, "MAX_THREADS": self.max_threads,
             "HIST": self.history, "TI_OFF": LAYOUT.offset, "TI_LEN": LAYOUT.length,
             "REDOP_OFF": REDOP_OFF, "REDUCE_ROOT_OFF": REDUCE_ROOT_OFF,
             "TAG_OFF": -1 if self.tag_off is None else self.tag_off,
         })
-        try:
-            self._bpf = bcc.BPF(text=self.text.encode())
-            pids = self._bpf[b"pids"]
-            for tgid, rank in self._ranks.items():
-                pids[pids.Key(tgid)] = pids.Leaf(rank)
-            self._attach_all()
-        except ProbeUnavailable:
-            self.close()
-            raise
-        except Exception as e:
-            self.close()
-            raise ProbeUnavailable(f"loading the collectives program failed: {e}") from e
 
-    def sample(self) -> list[Observation]:
+    def sample(self, now: float | None = None) -> list[Observation]:
         if self._bpf is None:
             return []
         clock = Clock()
-        now = time.time()
+        now = time.time() if now is None else now
         groups: dict[tuple[int, int], list[tuple[int, Any]]] = defaultdict(list)
         for k, v in self._bpf[b"groups"].items():
             groups[(k.tgid, k.lib)].append((k.group, v))
@@ -296,20 +273,7 @@ class CollectiveProbe:
                 ))
         return out
 
-    def close(self) -> None:
-        bpf, self._bpf = self._bpf, None
-        if bpf is not None:
-            try:
-                bpf.cleanup()
-            except Exception:  # noqa: S110 - detaching is best effort; the fds close with us anyway
-                pass
-
     # -- details
-
-    def lost(self) -> int:
-        if self._bpf is None:
-            return 0
-        return int(sum(v.value for v in self._bpf[b"lost"].values()))
 
     def nccl_returns(self) -> dict[tuple[int, int], int]:
         """(tgid, comm) -> last NCCL return code (ncclResult_t)."""
@@ -336,7 +300,7 @@ class CollectiveProbe:
                     libs[m.dev_ino] = _Lib(kind, m.path, m.open_path, syms)
         return list(libs.values())
 
-    def _attach(self, lib: _Lib, sym: str, fn: str, ret: bool = False) -> None:
+    def _uprobe(self, lib: _Lib, sym: str, fn: str, ret: bool = False) -> None:
         addr = lib.symbols[sym]
         if ret:
             self._bpf.attach_uretprobe(name=lib.open_path.encode(), addr=addr, fn_name=fn.encode())
@@ -344,28 +308,28 @@ class CollectiveProbe:
             self._bpf.attach_uprobe(name=lib.open_path.encode(), addr=addr, fn_name=fn.encode())
         self.attached.append(f"{lib.path}: {sym}{' (return)' if ret else ''}")
 
-    def _attach_all(self) -> None:
+    def _attach_programs(self) -> None:
         for lib in self._libs:
             if lib.kind == LIB_GLOO:
                 for method, fn in GLOO_METHODS.items():
                     prefix = f"_ZN4c10d16ProcessGroupGloo{len(method)}{method}E"
                     for sym in lib.symbols:
                         if sym.startswith(prefix):
-                            self._attach(lib, sym, fn)
+                            self._uprobe(lib, sym, fn)
                 for prefix, fn in GLOO_WORK.items():
                     if not self.transport and "UnboundBuffer" in prefix:
                         continue
                     for sym in lib.symbols:
                         if sym.startswith(prefix):
-                            self._attach(lib, sym, fn)
+                            self._uprobe(lib, sym, fn)
             else:
                 for sym, fn in NCCL_FUNCS.items():
                     if sym in lib.symbols:
-                        self._attach(lib, sym, fn)
-                        self._attach(lib, sym, "nccl_return", ret=True)
+                        self._uprobe(lib, sym, fn)
+                        self._uprobe(lib, sym, "nccl_return", ret=True)
                 for sym, fn in NCCL_GROUP.items():
                     if sym in lib.symbols:
-                        self._attach(lib, sym, fn)
+                        self._uprobe(lib, sym, fn)
         if not self.attached:
             raise ProbeUnavailable("no collective entry point found in the mapped libraries")
 

@@ -9,9 +9,8 @@
 //   GROUP_DEAD      expression true when the exiting thread ends its process
 //   HAS_OOM HAS_EXIT_GROUP  1 when oom:mark_victim / syscalls:sys_enter_exit_group exist
 //   OOM_TOTAL_VM OOM_ANON_RSS  expressions for those fields (0 when the kernel has none)
-#include <uapi/linux/ptrace.h>
+#include "scout_common.bpf.h"
 
-BPF_HASH(pids, u32, u32, MAX_PIDS);  // tgid -> rank; the kernel-side filter
 
 struct tstat {
     u64 on_ns;
@@ -62,13 +61,6 @@ struct oomrec {
     u64 anon_rss;
 };
 BPF_HASH(ooms, u32, struct oomrec, MAX_PIDS);
-BPF_ARRAY(lost, u64, 1);
-
-static inline void count_lost(void) {
-    int z = 0;
-    u64 *l = lost.lookup(&z);
-    if (l) __sync_fetch_and_add(l, 1);
-}
 
 #if HAS_SWITCH
 TRACEPOINT_PROBE(sched, sched_switch) {

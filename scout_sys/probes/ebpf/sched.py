@@ -16,9 +16,7 @@ once (again when a signal's count grows).
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from scout_sys.errors import ProbeUnavailable
 from scout_sys.model import (
     ExitRecord,
     Job,
@@ -27,10 +25,10 @@ from scout_sys.model import (
     SchedSample,
     SignalRecord,
     ThreadSched,
-    signal_name,
 )
 from scout_sys.probes.ebpf._btf import member_offset
-from scout_sys.probes.ebpf._common import DEBUGFS_EVENTS, Clock, common_reason, host_pid, load_bcc, render
+from scout_sys.probes.ebpf._common import DEBUGFS_EVENTS, BccProbe, Clock, common_reason, load_bcc, render
+from scout_sys.text import signal_name
 
 REQUIRED = ("sched/sched_switch", "sched/sched_process_exit", "signal/signal_generate")
 OPTIONAL = ("oom/mark_victim", "syscalls/sys_enter_exit_group")
@@ -62,26 +60,24 @@ def _format_fields(event: str) -> set[str]:
     return out
 
 
-class SchedProbe:
+class SchedProbe(BccProbe):
     """Probe contract (see scout_sys.probes)."""
 
     name = "ebpf-sched"
+    program = "sched.bpf.c"
 
     def __init__(self, max_pids: int = 256, max_threads: int = 16384, max_signals: int = 1024,
                  switches: bool = True) -> None:
         """``switches=False`` leaves out the sched_switch program (per-thread on/off-CPU time): it
         runs on every context switch of the machine, the lifecycle programs only on rare events."""
+        super().__init__()
         self.max_pids, self.max_threads, self.max_signals = max_pids, max_threads, max_signals
         self.switches = switches
-        self._bpf: Any = None
-        self._ranks: dict[int, int] = {}
         self._seen_exits: set[int] = set()
         self._seen_signals: dict[tuple[int, int, int], int] = {}
         self._seen_ooms: set[int] = set()
-        self.text = ""
-        self.notes: list[str] = []
 
-    def available(self) -> str | None:
+    def check(self) -> str | None:
         reason = common_reason()
         if reason:
             return reason
@@ -93,13 +89,9 @@ class SchedProbe:
                 return f"kernel has no tracepoint {cat}:{ev}"
         return None
 
-    def start(self, job: Job) -> None:
-        reason = self.available()
-        if reason:
-            raise ProbeUnavailable(reason)
+    def _render(self, job: Job) -> str:
         bcc, _ = load_bcc()
         assert bcc is not None
-        self._ranks = {host_pid(r.pid): r.rank for r in job.ranks}
         exit_off = member_offset("task_struct", "exit_code")
         if exit_off is None:
             self.notes.append("no BTF offset for task_struct.exit_code: exit status from exit_group only")
@@ -109,7 +101,7 @@ class SchedProbe:
         if not has_oom:
             self.notes.append("no oom:mark_victim tracepoint: OOM kills seen only as SIGKILL")
         has_exit_group = bcc.BPF.tracepoint_exists("syscalls", "sys_enter_exit_group")
-        self.text = render("sched.bpf.c", {
+        return render(self.program, {
             "MAX_PIDS": self.max_pids, "MAX_THREADS": self.max_threads, "MAX_SIGNALS": self.max_signals,
             "EXIT_CODE_OFF": -1 if exit_off is None else exit_off,
             "GROUP_DEAD": "args->group_dead" if "group_dead" in exit_fields else "tid == tgid",
@@ -117,20 +109,12 @@ class SchedProbe:
             "OOM_TOTAL_VM": "args->total_vm" if "total_vm" in oom_fields else "0",
             "OOM_ANON_RSS": "args->anon_rss" if "anon_rss" in oom_fields else "0",
         })
-        try:
-            self._bpf = bcc.BPF(text=self.text.encode())
-            pids = self._bpf[b"pids"]
-            for tgid, rank in self._ranks.items():
-                pids[pids.Key(tgid)] = pids.Leaf(rank)
-        except Exception as e:
-            self.close()
-            raise ProbeUnavailable(f"loading the sched program failed: {e}") from e
 
-    def sample(self) -> list[Observation]:
+    def sample(self, now: float | None = None) -> list[Observation]:
         if self._bpf is None:
             return []
         clock = Clock()
-        now = time.time()
+        now = time.time() if now is None else now
         now_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         out: list[Observation] = []
 
@@ -195,19 +179,6 @@ class SchedProbe:
             out.append(OomRecord(time=clock.unix(o.ns) or now, rank=rank, pid=int(k.value),
                                  total_vm_kb=int(o.total_vm) * 4 or None, anon_rss_kb=int(o.anon_rss) * 4 or None))
         return out
-
-    def lost(self) -> int:
-        if self._bpf is None:
-            return 0
-        return int(sum(v.value for v in self._bpf[b"lost"].values()))
-
-    def close(self) -> None:
-        bpf, self._bpf = self._bpf, None
-        if bpf is not None:
-            try:
-                bpf.cleanup()
-            except Exception:  # noqa: S110 - best effort; the kernel drops our fds when we exit
-                pass
 
 
 def decode_exit(code: int, group_code: int) -> tuple[int | None, int | None, bool]:

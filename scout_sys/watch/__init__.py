@@ -1,0 +1,330 @@
+"""``scout-sys watch``: follow a job, open / update / close incidents as it runs.
+
+The Watcher composes small parts, each taking observations and ``now`` and returning findings or
+decisions, in the order a poll reads top to bottom:
+
+1. :mod:`~scout_sys.watch.restart` finds the ranks (waiting for them when the watch starts with the
+   job) and follows restarts;
+2. one cheap sample: /proc for every rank, the eBPF and NVML probes, and a few ranks' stacks in turn
+   (:class:`~scout_sys.watch.progress.Rotation`);
+3. :mod:`~scout_sys.watch.progress` says how long a strict majority has made no progress;
+   :mod:`~scout_sys.watch.hang` decides whether to take a stack window (the Monitor's, judged by the
+   same rules as ``diagnose``);
+4. :mod:`~scout_sys.watch.straggler` judges a window every few seconds;
+5. :mod:`~scout_sys.watch.incidents` turns the findings into events; :mod:`~scout_sys.watch.bundle`
+   saves the evidence of a new hang.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from scout_sys.consensus import hardware, lifecycle
+from scout_sys.consensus.patterns import collective_of
+from scout_sys.job import find_job
+from scout_sys.model import (
+    DESYNC,
+    HANG,
+    HARDWARE,
+    PROCESS_EXIT,
+    PROCESS_STALL,
+    STRAGGLER,
+    Diagnosis,
+    Event,
+    Evidence,
+    Incident,
+    Job,
+    Observation,
+    ProcSample,
+    RankView,
+    Snapshot,
+    StackSample,
+)
+from scout_sys.monitor import Monitor, default_probes
+from scout_sys.text import frame_text, where_text
+from scout_sys.watch import bundle
+from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch
+from scout_sys.watch.incidents import IncidentBook
+from scout_sys.watch.progress import Progress, Rotation
+from scout_sys.watch.restart import ENDED, FOUND, SAME, RankFinder
+from scout_sys.watch.straggler import StragglerWatch
+
+if TYPE_CHECKING:
+    from scout_sys.exporters import Sink
+
+HANG_KINDS = frozenset({HANG, PROCESS_STALL, PROCESS_EXIT, DESYNC})
+HISTORY_SECONDS = 60.0
+WAITING_TEXT = "waiting for the job's ranks…"
+DEAD_STATES = ("stopped", "tracing-stop", "zombie", "gone")
+
+__all__ = ["HANG_KINDS", "WAITING_TEXT", "Watcher"]
+
+
+class Watcher:
+    """A live job, polled every ``interval`` seconds; a :class:`~scout_sys.tui.source.Source`."""
+
+    def __init__(self, selector: str, *, interval: float = 0.5, stall_after: float | None = None,
+                 state_dir: str | None = None, ebpf: bool = True, clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep, topology: str | None = None,
+                 wait_ranks: float | None = None, stack_period: float = 2.0) -> None:
+        self.selector = selector
+        self.interval = interval
+        self.state_dir = state_dir or bundle.default_state_dir()
+        self.ebpf = ebpf
+        self.clock = clock
+        self.sleep = sleep
+        self.finder = RankFinder(selector, lambda sel: find_job(sel, topology), wait_ranks=wait_ranks)
+        self.hang = HangWatch(stall_after)
+        self.progress = Progress()
+        self.rotation = Rotation(period=stack_period, interval=interval)
+        self.stragglers = StragglerWatch()
+        self.book = IncidentBook()
+        self.monitor: Monitor | None = None
+        self.job: Job | None = None
+        self.started = 0.0
+        self.waiting: str | None = None  # what the watch waits for, before the first job (for people)
+        self.sinks: list[Sink] = []  # fed every event and snapshot (scout_sys/exporters)
+        self.ended = False
+        self.snapshot: Snapshot | None = None
+        self._obs: deque[Observation] = deque()
+        self._views: dict[int, RankView] = {}
+        self._stacks: dict[int, tuple[str, ...]] = {}
+        self._devices: dict[int, dict[str, object]] = {}
+        self._notes: list[str] = []
+        self._bundle: str | None = None
+        self._last_diagnosis: Diagnosis | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def stall_after(self) -> float:
+        return self.hang.stall_after
+
+    @property
+    def ever_opened(self) -> bool:
+        return self.book.ever_opened
+
+    def start(self) -> None:
+        """Find the job (raises when the selector names nothing); its ranks may come later."""
+        self.started = self.clock()
+        self._look_for_ranks(self.started)
+
+    def _look_for_ranks(self, now: float) -> None:
+        found = self.finder.first(now)
+        if found.status == FOUND and found.job is not None:
+            self.waiting = None
+            self._bind(found.job, now)
+        else:
+            self.waiting = WAITING_TEXT + (f" ({found.note})" if found.note else "")
+
+    def _bind(self, job: Job, now: float) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
+        self.job = job
+        self.progress.forget()
+        self.stragglers.every.reset(now)
+        self.monitor = Monitor(job, extra_probes=default_probes(self.ebpf), clock=self.clock, sleep=self.sleep)
+        self.monitor.start()
+        self._publish()
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
+            self.monitor = None
+
+    def __enter__(self) -> Watcher:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, on_event: Callable[[Event], None], stop: threading.Event | None = None, *,
+            on_job: Callable[[Job], None] | None = None) -> int:
+        """Poll until the job ends or ``stop`` is set; ``on_job`` once its ranks are found. Returns 0 if
+        no incident was ever opened, else 1."""
+        stop = stop or threading.Event()
+        told = False
+        while not stop.is_set() and not self.ended:
+            t0 = self.clock()
+            for e in self.poll():
+                on_event(e)
+            if not told and self.job is not None:
+                told = True
+                if on_job is not None:
+                    on_job(self.job)
+            stop.wait(max(0.0, self.interval - (self.clock() - t0)))
+        return 1 if self.ever_opened else 0
+
+    def diagnose_now(self, window: float = 3.0) -> Diagnosis:
+        if self.monitor is None:
+            raise RuntimeError(self.waiting or "no job")
+        return self.monitor.diagnose(window)
+
+    # ------------------------------------------------------------------ one poll
+    def poll(self) -> list[Event]:
+        """One iteration: its events; the sinks get them and the new snapshot."""
+        t0 = time.monotonic()
+        events = self._poll()
+        took = time.monotonic() - t0
+        for sink in self.sinks:
+            for e in events:
+                sink.on_event(e)
+            if self.snapshot is not None:
+                sink.on_snapshot(self.snapshot, took)
+        return events
+
+    def _poll(self) -> list[Event]:
+        now = self.clock()
+        if self.job is None:
+            self._look_for_ranks(now)  # raises NoRanks when the selector ended without ranks
+            return []
+        mon, job = self.monitor, self.job
+        assert mon is not None
+        procs = mon.procfs.sample(now)
+        batch: list[Observation] = [*procs, *mon.sample_extra(now), *self._rotate_stacks(procs)]
+        self._remember(batch, now)
+        self.progress.observe(batch, now)
+        events: list[Event] = []
+
+        gone = any(p.status == "gone" for p in procs) or (procs and all(not p.alive for p in procs))
+        if gone or (job.missing and self.finder.launcher_pid):
+            found = self.finder.follow(job, now)
+            if found.status == ENDED:
+                self.ended = True
+                events += self.book.reconcile(lifecycle.analyze(job, list(self._obs)), now, frozenset())
+            elif found.status == FOUND and found.job is not None:
+                self._notes.append(found.note)
+                self._views = {}
+                self._bind(found.job, now)
+            if found.status != SAME:  # ended, restarted, or new ranks still starting: judge nothing now
+                self._publish()
+                return events
+
+        events += self._hang_step(procs, now)
+        self._devices = {r: d.to_json() for r, d in hardware.latest(batch).items()} or self._devices
+        events += self.book.reconcile(hardware.analyze(job, batch), now, frozenset({HARDWARE}))
+        if self.stragglers.due(now):
+            events += self.book.reconcile(self.stragglers.round(job, list(self._obs), now), now,
+                                          frozenset({STRAGGLER}))
+        self._publish()
+        return events
+
+    def _hang_step(self, procs: Sequence[ProcSample], now: float) -> list[Event]:
+        job, mon = self.job, self.monitor
+        assert job is not None and mon is not None
+        decisive = bool(job.missing) or any(p.status in DEAD_STATES for p in procs)
+        n = len(job.ranks) + len(job.missing)
+        stall, signal = self.progress.majority([r.rank for r in job.ranks], n, now)
+        hang_open = bool(self.book.of_kinds(HANG_KINDS))
+        d = self.hang.decide(now, stall, signal, decisive=decisive, hang_open=hang_open,
+                             learning=not job.missing and not mon.settling)
+        if d.confirm:
+            findings = self._confirm()
+            self.hang.confirmed(now, found=bool(findings), stall=stall)
+            if d.suspect and not hang_open:
+                trigger = Evidence("procfs" if d.signal != "collectives" else "ebpf",
+                                   f"a strict majority of ranks made no progress for {stall:.1f} s "
+                                   f"(signal: {d.signal}; stall-after {self.stall_after:.1f} s)",
+                                   data={"trigger": d.signal, "stall": round(stall, 3),
+                                         "stall_after": round(self.stall_after, 3)})
+                findings = [replace(f, evidence=f.evidence + (trigger,)) if f.kind == HANG else f
+                            for f in findings]
+        elif hang_open:
+            findings = self.book.of_kinds(HANG_KINDS)  # between two windows the hang stays as it was
+        else:
+            # a rank that died, seen by eBPF, while the rest has not stalled yet
+            findings = [f for f in lifecycle.analyze(job, list(self._obs))
+                        if f.ranks and all(any(p.rank == r and not p.alive for p in procs) for r in f.ranks)]
+            self._light_views(procs, now)
+        return self.book.reconcile(findings, now, HANG_KINDS, on_open=self._on_open)
+
+    # ------------------------------------------------------------------ pieces
+    def _remember(self, batch: Sequence[Observation], now: float) -> None:
+        self._obs.extend(batch)
+        while self._obs and self._obs[0].time < now - HISTORY_SECONDS:
+            self._obs.popleft()
+
+    def _rotate_stacks(self, procs: Sequence[ProcSample]) -> list[StackSample]:
+        """A few live ranks' stacks, in turn: cheap progress for the spin shape, and the dashboard's stacks."""
+        assert self.monitor is not None
+        live = [p.rank for p in procs if p.alive and p.status not in DEAD_STATES]
+        samples = self.monitor.stacks.dump(set(self.rotation.take(live)))
+        for s in samples:
+            main = s.main()
+            if main is None or s.error or not main.frames:
+                continue
+            self._stacks[s.rank] = tuple(frame_text(f) for f in main.frames)
+            old = self._views.get(s.rank)
+            w = collective_of(main.frames)
+            self._views[s.rank] = RankView(rank=s.rank, state=old.state if old else "running",
+                                           where=where_text(main.frames), collective=w.label() if w else None,
+                                           cpu_percent=old.cpu_percent if old else None, stack=self._stacks[s.rank])
+        return samples
+
+    def _confirm(self) -> list[Incident]:
+        """A short stack window, judged by the diagnose rules (with eBPF records of the recent past)."""
+        assert self.monitor is not None
+        t0 = self.clock()
+        obs = self.monitor.collect(CONFIRM_WINDOW, proc_interval=0.25, stack_interval=0.5)
+        self._remember(obs, self.clock())
+        self.progress.observe(obs, self.clock())
+        d = self.monitor.decide([*obs, *(o for o in self._obs if not isinstance(o, (ProcSample, StackSample)))],
+                                (t0, self.clock()))
+        self._views = dict(d.views)
+        self._stacks.update({r: v.stack for r, v in d.views.items() if v.stack})
+        self._notes = list(d.notes)
+        self._last_diagnosis = d
+        return [i for i in d.incidents if i.kind in HANG_KINDS]
+
+    def _light_views(self, procs: Sequence[ProcSample], now: float) -> None:
+        """Per-rank state from /proc alone, keeping the last stack's place."""
+        for p in procs:
+            old = self._views.get(p.rank)
+            if not p.alive:
+                state = "exited"
+            elif p.status in ("stopped", "tracing-stop"):
+                state = "stopped"
+            elif p.status == "disk-sleep":
+                state = "disk-sleep"
+            elif p.status == "running" or (p.main_last_ran is not None and now - p.main_last_ran < 1.0):
+                state = "running"
+            else:
+                state = "idle"
+            self._views[p.rank] = RankView(rank=p.rank, state=state, where=old.where if old else "",
+                                           collective=old.collective if old else None,
+                                           cpu_percent=old.cpu_percent if old else None,
+                                           stack=old.stack if old else ())
+
+    def _on_open(self, inc: Incident) -> tuple[Incident, str | None]:
+        """A new incident: save a bundle for hangs, and say where it went."""
+        if inc.kind not in HANG_KINDS:
+            return inc, None
+        assert self.job is not None and self.monitor is not None
+        mon = self.monitor
+        try:
+            path = bundle.save(self.state_dir, inc, self.job, self._last_diagnosis, list(self._obs),
+                               native_dump=lambda: mon.stacks.dump(native=True))
+        except OSError as e:
+            self._notes.append(f"cannot save the evidence bundle under {self.state_dir}: {e}")
+            return inc, None
+        self._bundle = path
+        ev = Evidence("procfs", f"evidence bundle saved to {path}", data={"bundle": path})
+        return replace(inc, evidence=inc.evidence + (ev,)), path
+
+    def _publish(self) -> None:
+        assert self.job is not None and self.monitor is not None
+        self.snapshot = Snapshot(
+            time=self.clock(), started=self.started, job=self.job, views=dict(self._views),
+            incidents=tuple(self.book.open.values()), closed=tuple(self.book.closed),
+            probes=dict(self.monitor.probe_status), stall_after=self.stall_after,
+            step_times={r: tuple(v) for r, v in self.stragglers.period.items()},
+            wait_fractions={r: tuple(1.0 - x for x in v) for r, v in self.stragglers.busy.items()},
+            stacks=dict(self._stacks), devices=dict(self._devices), ended=self.ended, bundle=self._bundle,
+            notes=tuple(self._notes[-10:]), pauses=self.progress.pauses(), seqs=self.progress.seqs(),
+            lost_events=self.monitor.lost_events(),
+        )

@@ -1,0 +1,122 @@
+"""Has each rank made progress lately? Three signals, each as "no progress for S seconds":
+
+- ``collectives`` (eBPF): the rank's collective sequence numbers (every group) have not moved. This is
+  the primary signal when the probe sees the rank: it holds for the GPU shape, where every main thread
+  keeps running (spinning in the driver) and no stack shows a collective.
+- ``main thread`` (procfs): the main thread has not run (the Gloo shape: waiters sleep in the
+  collective).
+- ``stack`` (a rotating, low-rate stack sample: :class:`Rotation`): the rank's main-thread stack has
+  stayed at one place (by function) in every sample. Works without eBPF for the spin shape.
+
+Without eBPF a rank's stall is the longer of the last two. A strict majority's stall (the
+(n//2+1)-th longest) is what the hang part compares with ``stall-after``. Pure: observations and
+``now`` in, numbers out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from scout_sys.consensus.hang import location_of
+from scout_sys.model import CollectiveSample, Observation, ProcSample, StackSample
+
+COLLECTIVES, MAIN_THREAD, STACK = "collectives", "main thread", "stack"
+RUNNING_STATES = ("running",)
+
+
+@dataclass
+class _Run:
+    """A rank's current run of one value of a signal: since when, last seen when."""
+
+    value: object
+    since: float
+    seen: float
+
+
+class Progress:
+    def __init__(self) -> None:
+        self._pause: dict[int, float] = {}  # rank -> main-thread pause at the last procfs sample
+        self._stack: dict[int, _Run] = {}
+        self._seq: dict[int, _Run] = {}
+        self._seq_groups: dict[int, dict[str, int]] = {}
+
+    def forget(self) -> None:
+        """A new set of processes (the job restarted): what the old ones did says nothing."""
+        self.__init__()  # type: ignore[misc]
+
+    def observe(self, obs: Iterable[Observation], now: float) -> None:
+        for o in obs:
+            if isinstance(o, ProcSample):
+                if not o.alive:
+                    self._pause.pop(o.rank, None)
+                elif o.status in RUNNING_STATES or o.main_last_ran is None:
+                    self._pause[o.rank] = 0.0
+                else:
+                    self._pause[o.rank] = max(0.0, now - o.main_last_ran)
+            elif isinstance(o, StackSample) and not o.native and o.error is None:
+                main = o.main()
+                if main is not None and main.frames:
+                    _advance(self._stack, o.rank, location_of(main.frames), o.time)
+            elif isinstance(o, CollectiveSample):
+                groups = self._seq_groups.setdefault(o.rank, {})
+                groups[o.group] = max(groups.get(o.group, 0), o.seq)
+                _advance(self._seq, o.rank, sum(groups.values()), o.time)
+
+    def pauses(self) -> dict[int, float]:
+        """Per rank, how long its main thread had been off CPU at the last procfs sample."""
+        return dict(self._pause)
+
+    def seqs(self) -> dict[int, dict[str, int]]:
+        """Per rank (eBPF): its position in each process group's collective sequence."""
+        return {r: dict(g) for r, g in self._seq_groups.items()}
+
+    def stalled(self, rank: int, now: float) -> tuple[float, str]:
+        """(seconds without progress, the signal that says so) for one rank."""
+        seq = self._seq.get(rank)
+        if seq is not None:
+            return now - seq.since, COLLECTIVES
+        pause = self._pause.get(rank, 0.0)
+        stack = self._stack.get(rank)
+        still = (stack.seen - stack.since) if stack is not None else 0.0
+        return (pause, MAIN_THREAD) if pause >= still else (still, STACK)
+
+    def majority(self, ranks: Sequence[int], n: int, now: float) -> tuple[float, str]:
+        """The stall a strict majority of ``n`` ranks has reached (the (n//2+1)-th longest of the
+        ``ranks`` seen), and the signal behind it. Ranks not seen count as progressing."""
+        k = n // 2 + 1
+        stalls = sorted((self.stalled(r, now) for r in ranks), key=lambda s: s[0])
+        if len(stalls) < k:
+            return 0.0, ""
+        return stalls[-k]
+
+
+def _advance(runs: dict[int, _Run], rank: int, value: object, t: float) -> None:
+    run = runs.get(rank)
+    if run is None or run.value != value:
+        runs[rank] = _Run(value, t, t)
+    elif t > run.seen:
+        run.seen = t
+
+
+class Rotation:
+    """Which ranks' stacks to read this poll: a few per poll, in turn, so that every rank is read at
+    least every ``period`` seconds (py-spy costs about 10 ms of a CPU per dump) but never more than
+    ``max_per_poll`` at once."""
+
+    def __init__(self, period: float = 2.0, interval: float = 0.5, max_per_poll: int = 4) -> None:
+        self.period = period
+        self.interval = interval
+        self.max_per_poll = max_per_poll
+        self._next = 0
+
+    def take(self, ranks: Sequence[int]) -> list[int]:
+        if not ranks:
+            return []
+        per_poll = min(self.max_per_poll, len(ranks),
+                       max(1, math.ceil(len(ranks) * self.interval / self.period)))
+        order = sorted(ranks)
+        out = [order[(self._next + i) % len(order)] for i in range(per_poll)]
+        self._next = (self._next + per_poll) % len(order)
+        return out

@@ -1,0 +1,140 @@
+"""Finding the job's rank processes while the job lives: at start-up and across restarts.
+
+``watch`` is often started in the same second as the job (``torchrun ... & scout-sys watch --job $!``),
+before the launcher has forked a single rank. :class:`RankFinder` then waits — cheaply, one look
+every ``look_every`` seconds — for as long as the selected process lives (or ``wait_ranks`` seconds),
+and hands over the job once every rank expected on this host is there (``WORLD_SIZE`` /
+``LOCAL_WORLD_SIZE``), or ``grace`` seconds after the first one appeared. The same rule follows an
+elastic restart: new pids for the same ranks.
+
+The finder is a part of the watch loop: ``now`` in, a decision out; finding processes and asking
+whether one lives are passed in, so it is tested on a fake clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from scout_sys.errors import NoRanks, ScoutError, TargetGone
+from scout_sys.model import Job
+
+GRACE = 10.0  # seconds to wait for every rank once the first one appeared
+LOOK_EVERY = 0.5
+
+WAITING, FOUND, SAME, ENDED = "waiting", "found", "same", "ended"
+
+
+@dataclass(frozen=True)
+class Found:
+    status: str  # WAITING | FOUND (job) | SAME (the ranks we follow) | ENDED (nothing left)
+    job: Job | None = None
+    note: str = ""
+
+
+def alive(pid: int) -> bool:
+    """The process exists and has not exited (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def selector_pids(selector: str) -> list[int]:
+    """The processes whose life bounds the wait: the selected pid, or a process group's members."""
+    sel = selector.strip()
+    if sel.startswith("pgid:"):
+        try:
+            pgid = int(sel[5:])
+        except ValueError:
+            return []
+        import os
+
+        out = []
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    if os.getpgid(int(name)) == pgid:
+                        out.append(int(name))
+                except OSError:
+                    continue
+        return out
+    try:
+        return [int(p) for p in sel.split(",") if p.strip()]
+    except ValueError:
+        return []
+
+
+class RankFinder:
+    def __init__(self, selector: str, find: Callable[[str], Job], *, wait_ranks: float | None = None,
+                 grace: float = GRACE, look_every: float = LOOK_EVERY,
+                 lives: Callable[[str], bool] | None = None) -> None:
+        self.selector = selector
+        self.find = find
+        self.wait_ranks = wait_ranks
+        self.grace = grace
+        self.look_every = look_every
+        self.lives = lives or (lambda sel: any(alive(p) for p in selector_pids(sel)))
+        self.launcher_pid: int | None = None
+        self._started: float | None = None
+        self._first_seen: float | None = None
+        self._last_look: float | None = None
+
+    # ------------------------------------------------------------------ start-up
+    def first(self, now: float) -> Found:
+        """Look for the job's ranks. Raises :class:`TargetGone` / :class:`BadSelector` when the
+        selector names nothing, :class:`NoRanks` when it ended, or the wait ran out, with no rank."""
+        if self._started is None:
+            self._started = now
+        if self._last_look is not None and now - self._last_look < self.look_every:
+            return Found(WAITING)
+        self._last_look = now
+        try:
+            job = self.find(self.selector)
+        except NoRanks as e:
+            if not self.lives(self.selector):
+                raise NoRanks(f"--job {self.selector} ended without ever starting a rank process") from e
+            if self.wait_ranks is not None and now - self._started >= self.wait_ranks:
+                raise NoRanks(f"no rank processes appeared under --job {self.selector} within "
+                              f"{self.wait_ranks:g} s (--wait-ranks)") from e
+            return Found(WAITING)
+        except TargetGone:
+            if self._first_seen is None and now > self._started:
+                raise NoRanks(f"--job {self.selector} ended without ever starting a rank process") from None
+            raise
+        return self._complete(job, now)
+
+    def _complete(self, job: Job, now: float) -> Found:
+        """Hand over ``job`` once all its expected ranks are there, or after the grace period."""
+        self._first_seen = self._first_seen or now
+        if job.missing and now - self._first_seen < self.grace:
+            return Found(WAITING, note=f"{len(job.ranks)} of {len(job.ranks) + len(job.missing)} ranks started")
+        self._first_seen = None
+        if job.launcher_pid:
+            self.launcher_pid = job.launcher_pid
+        return Found(FOUND, job)
+
+    # ------------------------------------------------------------------ restarts
+    def follow(self, job: Job, now: float) -> Found:
+        """Some of ``job``'s ranks are gone: has the job restarted (new pids), ended, or are the same
+        processes still the ones to judge?"""
+        if self._last_look is not None and now - self._last_look < 1.0:
+            return Found(SAME)
+        self._last_look = now
+        old = {r.pid for r in job.ranks}
+        for sel in dict.fromkeys(s for s in (self.selector, str(self.launcher_pid or "")) if s):
+            try:
+                new = self.find(sel)
+            except ScoutError:
+                continue
+            if {r.pid for r in new.ranks} - old:
+                found = self._complete(new, now)
+                if found.status == FOUND:
+                    return Found(FOUND, found.job, f"job restarted: following {len(new.ranks)} new rank processes")
+                return found
+            self._first_seen = None
+            return Found(SAME)
+        if self.launcher_pid and alive(self.launcher_pid):
+            return Found(SAME)  # the launcher lives on (between two elastic restarts): judge what is there
+        return Found(ENDED)

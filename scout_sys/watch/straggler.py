@@ -1,0 +1,43 @@
+"""Stragglers in ``watch``: a window verdict every ``WINDOW`` seconds (consensus/straggler.py), an
+incident when ``CONFIRM`` windows in a row name the same rank(s). Keeps the per-rank series the
+dashboard draws (step time, share of time waiting)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+from scout_sys.consensus import straggler
+from scout_sys.model import Incident, Job, Observation
+from scout_sys.watch.schedule import Every
+
+WINDOW = 5.0
+SERIES = 60  # points kept per rank for the dashboard
+
+
+class StragglerWatch:
+    def __init__(self, window: float = WINDOW) -> None:
+        self.window = window
+        self.every = Every(window)
+        self._verdicts: deque[straggler.WindowVerdict] = deque(maxlen=straggler.CONFIRM)
+        self.busy: dict[int, deque[float]] = {}
+        self.lag: dict[int, deque[float]] = {}
+        self.period: dict[int, deque[float]] = {}
+
+    def due(self, now: float) -> bool:
+        return self.every.since(now) >= self.window
+
+    def round(self, job: Job, history: Sequence[Observation], now: float) -> list[Incident]:
+        """Judge the window since the last round; the straggler incident(s) it confirms (or none)."""
+        last = self.every.last
+        start = max(last, now - self.window) if last is not None else now - self.window
+        self.every.reset(now)
+        w = straggler.window_verdict(job, [o for o in history if o.time >= start - 0.01], start, now)
+        series = self.busy if w.metric == "busy" else self.lag
+        for r, v in w.values.items():
+            series.setdefault(r, deque(maxlen=SERIES)).append(v)
+        for r, v in w.periods.items():
+            self.period.setdefault(r, deque(maxlen=SERIES)).append(v)
+        self._verdicts.append(w)
+        inc = straggler.confirm(job, list(self._verdicts))
+        return [inc] if inc else []

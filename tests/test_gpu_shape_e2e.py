@@ -1,0 +1,125 @@
+"""The GPU shape on real torchrun CPU jobs: asynchronous collectives whose waiters spin (poll and
+yield) or block in a C call, with no torch.distributed frame on their stacks; watch started in the
+same second as the job; one node of a two-node job. Two programs: the demo trainer (--sync spin|wait)
+and tests/jobs/async_trainer.py (reductions from autograd hooks, futures waited in C)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from scout_sys.demo.launch import DemoJob, free_port
+from tests.conftest import JOBS, diagnose_json, origins
+
+pytestmark = pytest.mark.slow
+SETTLE = 3.0  # let the healthy ranks reach their wait after the fault (async steps finish first)
+ASYNC = os.path.join(JOBS, "async_trainer.py")
+EXIT_ARGS = ["--monitor-interval", "600"]  # torchrun must not tear the job down before we look
+
+
+@pytest.mark.parametrize("sync,fault,rank,kind", [
+    ("spin", "hang", 2, "hang"),
+    ("spin", "stop", 1, "process_stall"),
+    ("spin", "busy", 3, "hang"),
+    ("spin", "exit", 0, "process_exit"),
+    ("wait", "hang", 1, "hang"),
+])
+def test_demo_gpu_shape_each_fault_is_named(start_job, sync, fault, rank, kind):
+    job = start_job(4, fault=fault, fault_rank=rank, args=["--sync", sync],
+                    torchrun_args=EXIT_ARGS if fault == "exit" else None)
+    job.wait_fault()
+    time.sleep(SETTLE)
+    rc, d = diagnose_json(job.pid)
+    assert rc == 1, d
+    assert origins(d) == [(kind, "attributed", [rank])], d["incidents"]
+    states = {r["rank"]: r["state"] for r in d["job"]["ranks"]}
+    # the witnesses wait at the sync point, outside any collective frame
+    for r in range(4):
+        if r != rank:
+            assert states[r] in ("busy", "idle"), states
+            where = next(x["where"] for x in d["job"]["ranks"] if x["rank"] == r)
+            assert "wait_for_buckets" in where and "collective" not in next(
+                x for x in d["job"]["ranks"] if x["rank"] == r), where
+
+
+@pytest.mark.parametrize("fault,rank,wait,kind", [
+    ("hang", 1, "block", "hang"),
+    ("stop", 2, "poll", "process_stall"),
+    ("exit", 3, "poll", "process_exit"),
+])
+def test_other_gpu_shaped_program_each_fault_is_named(start_job, fault, rank, wait, kind):
+    job = start_job(4, script=ASYNC, args=["--fault", fault, "--fault-rank", str(rank), "--wait", wait],
+                    torchrun_args=EXIT_ARGS)
+    job.wait_for("ASYNC fault", timeout=120)
+    time.sleep(SETTLE)
+    rc, d = diagnose_json(job.pid)
+    assert rc == 1, d
+    assert origins(d) == [(kind, "attributed", [rank])], d["incidents"]
+    if kind == "hang":
+        assert "prefetch_from_remote_cache" in d["incidents"][0]["summary"]
+
+
+@pytest.mark.parametrize("how", ["demo spin, one rank 4x slower", "other program, one rank slower"])
+def test_healthy_spin_waiting_jobs_stay_healthy(start_job, how):
+    if how.startswith("demo"):
+        job = start_job(4, fault="slow", fault_rank=1, fault_step=2, args=["--sync", "spin", "--slow-factor", "4"])
+        job.wait_steps(3, timeout=120)
+    else:
+        job = start_job(4, script=ASYNC, args=["--fault", "slow", "--fault-rank", "2", "--wait", "poll"])
+        job.wait_for("ASYNC step 20", timeout=120)
+    rc, d = diagnose_json(job.pid)
+    assert rc == 0 and d["incidents"] == [], d["incidents"]
+
+
+def test_desync_in_the_gpu_shape_is_named_from_the_collective_sequence(start_job, tmp_path):
+    from scout_sys.watch import Watcher
+    from tests._ebpf_jobs import ebpf_skip_reason
+
+    if ebpf_skip_reason():
+        pytest.skip(ebpf_skip_reason())
+    # rank 2 enqueues a broadcast where the others enqueue an all_reduce, then waits where they wait:
+    # every stack is the same; only the uprobes on the collective entry points tell them apart
+    go = tmp_path / "go"
+    job = start_job(4, fault="desync", fault_rank=2, fault_step=3, args=["--sync", "spin", "--fault-when", str(go)])
+    job.wait_steps(1, timeout=120)
+    with Watcher(str(job.pid), stall_after=5, state_dir=str(tmp_path)) as w:
+        w.monitor.wait_started(timeout=120)
+        assert w.monitor.probe_status.get("ebpf-collectives") is None, w.monitor.probe_status
+        for _ in range(4):
+            w.poll()
+            time.sleep(0.5)
+        go.touch()
+        job.wait_fault()
+        evs = []
+        end = time.time() + 60
+        while time.time() < end and not any(e.event == "incident_opened" and e.incident.kind == "collective_desync"
+                                            for e in evs):
+            evs += w.poll()
+            time.sleep(0.5)
+    opened = [(e.incident.kind, e.incident.status, e.incident.ranks) for e in evs if e.event == "incident_opened"]
+    assert ("collective_desync", "attributed", (2,)) in opened, opened
+    assert all(ranks in ((), (2,)) for _k, _s, ranks in opened), opened
+
+
+def test_two_node_job_seen_from_node_0_never_blames_a_local_rank(tmp_path):
+    """Two torchrun launchers on one machine (static rendezvous), 2 ranks each; rank 3 (node 1) hangs."""
+    port = free_port()
+    jobs = [DemoJob(2, fault="hang", fault_rank=3, args=["--sync", "spin"], port=port,
+                    torchrun_args=["--nnodes", "2", "--node-rank", str(k)]) for k in (0, 1)]
+    try:
+        for j in jobs:
+            j.start()
+        jobs[1].wait_fault(timeout=120)
+        time.sleep(SETTLE)
+        rc, d = diagnose_json(jobs[0].pid)
+        assert {r["rank"] for r in d["job"]["ranks"]} == {0, 1}
+        assert d["job"]["not_observed"] == [2, 3]
+        assert any("ranks 2-3 run on other hosts" in n for n in d["notes"]), d["notes"]
+        assert all(i["status"] != "attributed" for i in d["incidents"]), d["incidents"]
+    finally:
+        for j in jobs:
+            j.stop()
+        for j in jobs:
+            assert j.pids() == []

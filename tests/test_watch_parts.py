@@ -1,0 +1,289 @@
+"""The watch loop's parts on a fake clock and synthetic observations: no job, no process."""
+
+from __future__ import annotations
+
+import pytest
+
+from scout_sys.errors import NoRanks, TargetGone
+from scout_sys.model import (
+    ATTRIBUTED,
+    HANG,
+    INCONCLUSIVE,
+    CollectiveSample,
+    Evidence,
+    Frame,
+    Incident,
+    Job,
+    ProcSample,
+    Rank,
+    StackSample,
+    ThreadStack,
+)
+from scout_sys.watch.hang import CONFIRM_WINDOW, MIN_STALL_AFTER, RECONFIRM_EVERY, HangWatch
+from scout_sys.watch.incidents import MAX_EVIDENCE, IncidentBook, changed
+from scout_sys.watch.progress import COLLECTIVES, MAIN_THREAD, STACK, Progress, Rotation
+from scout_sys.watch.restart import ENDED, FOUND, SAME, WAITING, RankFinder
+from scout_sys.watch.schedule import Every
+
+T0 = 5_000.0
+
+
+def _job(n: int = 4, missing: tuple[int, ...] = (), pid0: int = 100, launcher: int | None = 99) -> Job:
+    ranks = tuple(Rank(rank=r, pid=pid0 + r, host="h", local_rank=r, world_size=n) for r in range(n) if r not in missing)
+    return Job(ranks=ranks, world_size=n, launcher="torchrun", launcher_pid=launcher, host="h", missing=missing)
+
+
+def _hang(rank: int = 2, *evidence: Evidence, status: str = ATTRIBUTED) -> Incident:
+    return Incident(kind=HANG, status=status, ranks=(rank,) if status == ATTRIBUTED else (), hosts=("h",),
+                    since=T0, summary=f"rank {rank} is stuck for {T0:.0f} s", evidence=evidence)
+
+
+# ---------------------------------------------------------------- schedule
+
+def test_every_is_due_once_per_period():
+    e = Every(5.0)
+    assert e.due(T0) and not e.due(T0 + 4.9) and e.due(T0 + 5.0) and not e.due(T0 + 6)
+    e.reset(T0 + 20)
+    assert not e.due(T0 + 24) and e.since(T0 + 24) == pytest.approx(4.0)
+    assert Every(1.0, start=T0).due(T0 + 0.5) is False
+
+
+# ---------------------------------------------------------------- incidents
+
+def test_book_opens_updates_only_on_structured_change_and_closes_with_hysteresis():
+    book = IncidentBook(close_after=2)
+    stack = Evidence("stack", "rank 2 main thread: a", rank=2, data={"state": "idle", "stack": ["a"]})
+    ev = book.reconcile([_hang(2, stack)], T0, frozenset({HANG}))
+    assert [e.event for e in ev] == ["incident_opened"] and ev[0].incident.id == "inc-1"
+    # only numbers moved: the same incident, no event
+    same = Incident(kind=HANG, status=ATTRIBUTED, ranks=(2,), hosts=("h",), since=T0 + 3,
+                    summary="rank 2 is stuck for 9999 s", evidence=(stack,))
+    assert book.reconcile([same], T0 + 1, frozenset({HANG})) == []
+    assert book.open[same.key()].since == T0  # the onset never moves later
+    # a new kind of evidence (the rank is now stopped): updated
+    stopped = Evidence("procfs", "rank 2 is stopped", rank=2, data={"state": "stopped"})
+    ev = book.reconcile([_hang(2, stack, stopped)], T0 + 2, frozenset({HANG}))
+    assert [e.event for e in ev] == ["incident_updated"]
+    # one poll without it: still open; two: closed
+    assert book.reconcile([], T0 + 3, frozenset({HANG})) == []
+    ev = book.reconcile([], T0 + 4, frozenset({HANG}))
+    assert [e.event for e in ev] == ["incident_closed"] and not book.open and book.ever_opened
+
+
+def test_book_leaves_other_kinds_alone():
+    book = IncidentBook()
+    book.reconcile([_hang(1)], T0, frozenset({HANG}))
+    for i in range(5):
+        assert book.reconcile([], T0 + i, frozenset({"straggler"})) == []
+    assert len(book.open) == 1
+
+
+def test_reconfirming_a_long_hang_keeps_its_evidence_bounded_and_unique():
+    book = IncidentBook()
+
+    def on_open(inc):
+        b = Evidence("procfs", "evidence bundle saved to /b", data={"bundle": "/b"})
+        return Incident(**{**inc.__dict__, "evidence": inc.evidence + (b,)}), "/b"
+
+    trigger = Evidence("procfs", "no progress for 6.0 s", data={"trigger": "stack", "stall": 6.0})
+    stack = Evidence("stack", "rank 2 main thread: a", rank=2, data={"state": "idle"})
+    opened = book.reconcile([_hang(2, stack, trigger)], T0, frozenset({HANG}), on_open=on_open)
+    assert opened[0].bundle == "/b"
+    for i in range(1, 200):  # an hour of reconfirms, each window's evidence with new numbers
+        ev = Evidence("stack", f"rank 2 main thread: a ({i} samples)", rank=2, data={"state": "idle"})
+        out = book.reconcile([_hang(2, ev)], T0 + i, frozenset({HANG}), on_open=on_open)
+        assert all(e.event != "incident_opened" for e in out)
+    inc = book.open[_hang(2).key()]
+    texts = [e.text for e in inc.evidence]
+    assert texts.count("evidence bundle saved to /b") == 1
+    assert sum("no progress" in t for t in texts) == 1  # what triggered the watch stays, once
+    assert len(inc.evidence) <= 3 <= MAX_EVIDENCE
+
+
+def test_changed_compares_fields_not_text():
+    a = _hang(2, Evidence("stack", "x 1", rank=2, data={"state": "idle"}))
+    b = _hang(2, Evidence("stack", "x 2", rank=2, data={"state": "idle"}))
+    c = _hang(2, Evidence("stack", "x 2", rank=2, data={"state": "busy"}))
+    assert not changed(a, b) and changed(a, c)
+
+
+# ---------------------------------------------------------------- progress
+
+def _proc(rank, t, *, status="sleeping", last_ran=None):
+    return ProcSample(time=t, rank=rank, pid=100 + rank, status=status, cpu_time=0.0, main_cpu_ns=0,
+                      main_last_ran=last_ran if last_ran is not None else t)
+
+
+def _stack(rank, t, fn="wait", line=1):
+    frames = (Frame(function=fn, file="/j/train.py", line=line), Frame(function="main", file="/j/train.py", line=9))
+    return StackSample(time=t, rank=rank, pid=100 + rank,
+                       threads=(ThreadStack(tid=100 + rank, name="MainThread", active=True, frames=frames),))
+
+
+def _coll(rank, t, seq):
+    return CollectiveSample(time=t, rank=rank, pid=100 + rank, backend="gloo", group="gloo:0", seq=seq,
+                            completed=None, inside=False, last_enter=None, last_exit=None, last=None)
+
+
+def test_progress_main_thread_pause_is_the_gloo_signal():
+    p = Progress()
+    p.observe([_proc(r, T0 + 10, last_ran=T0) for r in range(3)] + [_proc(3, T0 + 10, status="running")], T0 + 10)
+    assert p.stalled(0, T0 + 10) == (10.0, MAIN_THREAD)
+    assert p.stalled(3, T0 + 10)[0] == 0.0
+    assert p.majority(range(4), 4, T0 + 10) == (10.0, MAIN_THREAD)  # 3 of 4 paused 10 s
+
+
+def test_progress_stack_still_at_one_place_is_the_spin_signal_without_ebpf():
+    p = Progress()
+    for i in range(5):  # every main thread runs (spins); the stacks never leave `wait`
+        t = T0 + 2 * i
+        p.observe([_proc(r, t, status="running") for r in range(4)], t)
+        p.observe([_stack(r, t, line=1 + i % 2) for r in range(3)] + [_stack(3, t, fn=f"step{i}")], t)
+    assert p.stalled(0, T0 + 8) == (8.0, STACK)
+    assert p.stalled(3, T0 + 8)[0] == 0.0  # it moves
+    assert p.majority(range(4), 4, T0 + 8) == (8.0, STACK)
+
+
+def test_progress_collective_sequence_is_primary_when_seen():
+    p = Progress()
+    for i in range(6):
+        t = T0 + i
+        p.observe([_proc(r, t, last_ran=T0) for r in range(4)], t)  # main threads asleep all along...
+        p.observe([_coll(r, t, seq=10 + i) for r in range(4)], t)  # ...but collectives keep coming
+    assert p.stalled(0, T0 + 5) == (0.0, COLLECTIVES)
+    for i in range(6, 12):
+        t = T0 + i
+        p.observe([_coll(r, t, seq=15) for r in range(4)], t)  # no collective any more
+    assert p.majority(range(4), 4, T0 + 11) == (6.0, COLLECTIVES)
+    p.forget()
+    assert p.majority(range(4), 4, T0 + 11) == (0.0, MAIN_THREAD)
+
+
+def test_majority_needs_a_strict_majority_of_the_whole_job():
+    p = Progress()
+    p.observe([_proc(0, T0 + 10, last_ran=T0), _proc(1, T0 + 10, last_ran=T0)], T0 + 10)
+    assert p.majority([0, 1], 4, T0 + 10) == (0.0, "")  # 2 of 4 is not a strict majority
+
+
+def test_rotation_reads_every_rank_within_its_period():
+    rot = Rotation(period=2.0, interval=0.5)
+    seen = [rot.take([0, 1, 2, 3]) for _ in range(4)]  # 4 polls = 2 s
+    assert sorted(r for s in seen for r in s) == [0, 1, 2, 3]
+    rot = Rotation(period=2.0, interval=0.5, max_per_poll=4)
+    assert len(rot.take(list(range(64)))) == 4  # bounded per poll
+    assert Rotation().take([]) == []
+
+
+# ---------------------------------------------------------------- hang
+
+def test_hang_watch_suspects_at_stall_after_and_backs_off_after_a_clean_window():
+    h = HangWatch(stall_after=5.0)
+    assert not h.decide(T0, 4.9, STACK, decisive=False, hang_open=False, learning=True).confirm
+    d = h.decide(T0 + 1, 5.0, STACK, decisive=False, hang_open=False, learning=True)
+    assert d.confirm and d.suspect and d.signal == STACK
+    h.confirmed(T0 + 1, found=False, stall=5.0)  # the window showed no hang
+    assert not h.decide(T0 + 2, 6.0, STACK, decisive=False, hang_open=False, learning=True).confirm
+    assert h.decide(T0 + 3, 1.0, STACK, decisive=True, hang_open=False, learning=True).confirm  # a rank stopped
+    assert h.decide(T0 + 4, 10.0, STACK, decisive=False, hang_open=False, learning=True).confirm  # twice as long
+    assert h.decide(T0 + 6.1, 6.0, STACK, decisive=False, hang_open=False, learning=True).confirm  # quiet over
+
+
+def test_hang_watch_reconfirms_an_open_hang_periodically_and_sooner_on_progress():
+    h = HangWatch(stall_after=5.0)
+    h.confirmed(T0, found=True, stall=6.0)
+    assert not h.decide(T0 + 1, 7.0, MAIN_THREAD, decisive=False, hang_open=True, learning=False).confirm
+    assert h.decide(T0 + RECONFIRM_EVERY, 11.0, MAIN_THREAD, decisive=False, hang_open=True, learning=False).confirm
+    h.confirmed(T0 + RECONFIRM_EVERY, found=True, stall=11.0)
+    later = T0 + RECONFIRM_EVERY + CONFIRM_WINDOW
+    assert h.decide(later, 0.0, MAIN_THREAD, decisive=False, hang_open=True, learning=False).confirm  # progress seen
+
+
+def test_hang_watch_learns_stall_after_from_healthy_stretches_only():
+    h = HangWatch()
+    assert h.stall_after == MIN_STALL_AFTER
+    for stall in (0.5, 1.0, 2.5, 0.2):  # the majority paused 2.5 s, then ran again
+        h.decide(T0, stall, MAIN_THREAD, decisive=False, hang_open=False, learning=True)
+    assert h.stall_after == pytest.approx(10.0)
+    for stall in (3.0, 0.1):  # not learnt while ranks are missing or probes settle
+        h.decide(T0, stall, MAIN_THREAD, decisive=False, hang_open=False, learning=False)
+    assert h.stall_after == pytest.approx(10.0)
+    assert HangWatch(stall_after=30).stall_after == 30
+
+
+# ---------------------------------------------------------------- restart / waiting for ranks
+
+class FakeProcesses:
+    """What find_job would say at each moment, and whether the selected process lives."""
+
+    def __init__(self) -> None:
+        self.job: Job | None = None
+        self.exists = True
+        self.lives = True
+
+    def find(self, sel: str) -> Job:
+        if not self.exists:
+            raise TargetGone(f"no process {sel}")
+        if self.job is None:
+            raise NoRanks("no rank processes found")
+        return self.job
+
+
+def test_finder_waits_for_a_launcher_that_has_not_forked_yet():
+    fp = FakeProcesses()
+    f = RankFinder("99", fp.find, lives=lambda s: fp.lives, look_every=0.5)
+    assert f.first(T0).status == WAITING
+    assert f.first(T0 + 0.1).status == WAITING  # not even looked: cheap
+    fp.job = _job(4, missing=(2, 3))  # two of four ranks started
+    assert f.first(T0 + 60).status == WAITING  # waits for the others...
+    fp.job = _job(4)
+    found = f.first(T0 + 61)
+    assert found.status == FOUND and found.job is fp.job and f.launcher_pid == 99
+
+
+def test_finder_takes_a_partial_job_after_the_grace_period():
+    fp = FakeProcesses()
+    fp.job = _job(4, missing=(3,))
+    f = RankFinder("99", fp.find, lives=lambda s: True, grace=10.0)
+    assert f.first(T0).status == WAITING
+    assert f.first(T0 + 10).status == FOUND  # rank 3 never came: the rules will call it missing
+
+
+def test_finder_errors_are_one_line_and_only_when_the_job_cannot_come():
+    fp = FakeProcesses()
+    fp.exists = False
+    with pytest.raises(TargetGone):  # no such process at all
+        RankFinder("99", fp.find, lives=lambda s: False).first(T0)
+    fp = FakeProcesses()
+    f = RankFinder("99", fp.find, lives=lambda s: fp.lives)
+    assert f.first(T0).status == WAITING
+    fp.lives = False  # the launcher ended without starting a rank
+    with pytest.raises(NoRanks, match="ended without ever starting a rank"):
+        f.first(T0 + 5)
+    fp = FakeProcesses()
+    f = RankFinder("99", fp.find, lives=lambda s: True, wait_ranks=30)
+    assert f.first(T0).status == WAITING
+    with pytest.raises(NoRanks, match="--wait-ranks"):
+        f.first(T0 + 30)
+
+
+def test_finder_follows_a_restart_and_says_when_the_job_ended():
+    fp = FakeProcesses()
+    old = _job(4)
+    fp.job = old
+    f = RankFinder("99", fp.find, lives=lambda s: True, grace=10.0)
+    assert f.first(T0).status == FOUND
+    assert f.follow(old, T0 + 1).status == SAME  # the same processes: judge them
+    fp.job = _job(4, missing=(1, 2, 3), pid0=200)  # the launcher starts new ranks one by one
+    assert f.follow(old, T0 + 3).status == WAITING
+    fp.job = _job(4, pid0=200)
+    found = f.follow(old, T0 + 5)
+    assert found.status == FOUND and "restarted" in found.note and found.job.ranks[0].pid == 200
+    fp.exists = False
+    f.launcher_pid = None
+    assert f.follow(found.job, T0 + 7).status == ENDED
+
+
+def test_inconclusive_and_attributed_hangs_are_distinct_incidents():
+    book = IncidentBook()
+    ev = book.reconcile([_hang(2), _hang(0, status=INCONCLUSIVE)], T0, frozenset({HANG}))
+    assert len(ev) == 2 and {e.incident.status for e in ev} == {ATTRIBUTED, INCONCLUSIVE}
