@@ -134,3 +134,19 @@ def test_a_newest_send_on_a_socket_of_no_group_names_no_group():
     m._new(0, Sock((IP, m.port), (IP, 1), ESTABLISHED, 900, 950))  # e.g. the store, sent last
     learned = learn(m.socks, m.table, exclude_ports=[1])
     assert current_groups(learned, m.socks, m.table) == {1: 0}
+
+
+def test_probe_follows_the_contract_and_reads_a_live_job_shape():
+    from scout_sys.model import Job, ProcessGroupSample, Rank
+    from scout_sys.probes import Probe
+    from scout_sys.probes.pgroups import ProcessGroupProbe
+
+    p = ProcessGroupProbe(every=0.0)
+    assert isinstance(p, Probe) and p.check() is None
+    p.start(Job(ranks=(Rank(rank=0, pid=os.getpid(), host="h"),), world_size=1, launcher="explicit",
+                launcher_pid=None, host="h"))
+    (s,) = p.sample(123.0)
+    assert isinstance(s, ProcessGroupSample) and s.time == 123.0 and s.groups == ()
+    assert p.health().notes == () or "sock_diag" in p.health().notes[0]
+    p.close()
+    p.close()
