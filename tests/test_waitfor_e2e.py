@@ -80,13 +80,37 @@ def test_dtensor_dp2_tp2_hang_named_without_topology(start_job):
     assert [1, 3, 2] in chains, chains
 
 
-def test_dtensor_tp_desync_in_watch(start_job, watch_cli):  # noqa: F811
+def _wait_probe_up(port: int, probe: str, timeout: float) -> None:
+    """Until the watch's /metrics says ``probe`` is attached (eBPF compiles for 10-50 s on 2 busy cores)."""
+    import urllib.request
+
+    want = f'probe="{probe}"}} 1.0'
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                if want in r.read().decode():
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{probe} not attached within {timeout}s")
+
+
+def test_dtensor_tp_desync_in_watch(start_job, watch_cli, tmp_path):  # noqa: F811
+    from scout_sys.demo.launch import free_port
+
+    go = tmp_path / "go"
     job = start_job(4, script=LAYOUTS, args=["--layout", "tp", "--fault", "tpdesync", "--fault-rank", "2",
-                                             "--fault-step", "300"])
+                                             "--fault-when", str(go)])
     job.wait_for(r"LAYOUT step 2", timeout=150)
-    # eBPF from the start: compiling and attaching takes ~13 s on 2 busy cores; the fault comes later
-    w = watch_cli(job.pid, "--stall-after", "5")
-    job.wait_for(r"LAYOUT fault tpdesync rank=2", timeout=200)
+    # eBPF from the start: the fault comes once the collectives probe is attached
+    port = free_port()
+    w = watch_cli(job.pid, "--stall-after", "5", "--prometheus", f"127.0.0.1:{port}")
+    _wait_probe_up(port, "ebpf-collectives", timeout=120)
+    time.sleep(1.0)
+    go.touch()
+    job.wait_for(r"LAYOUT fault tpdesync rank=2", timeout=60)
     e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["status"] == "attributed",
                      timeout=60)
     assert (e["incident"]["kind"], e["incident"]["ranks"]) == ("collective_desync", [2]), e

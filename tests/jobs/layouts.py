@@ -11,6 +11,7 @@ Faults, on --fault-rank at --fault-step:
   hang    waits forever for a batch that never comes (outside any collective)
   desync  calls broadcast where its data-parallel peers all-reduce
   tpdesync  (tp) calls broadcast in its tensor-parallel group where its partner runs the forward
+--fault-when FILE holds the fault back until FILE exists (e.g. until a watch has attached its probes).
 
 Prints "LAYOUT step N" (rank 0) and "LAYOUT fault KIND rank=R pid=P coords=..." (the bad rank).
 """
@@ -49,6 +50,8 @@ def main() -> int:
     ap.add_argument("--fault", choices=["none", "hang", "desync", "tpdesync"], default="none")
     ap.add_argument("--fault-rank", type=int, default=2)
     ap.add_argument("--fault-step", type=int, default=3)
+    ap.add_argument("--fault-when", metavar="FILE",
+                    help="the fault comes at the first step from --fault-step on at which FILE exists")
     ap.add_argument("--step-sleep", type=float, default=0.05)
     ap.add_argument("--max-seconds", type=float, default=240)
     a = ap.parse_args()
@@ -58,6 +61,7 @@ def main() -> int:
     dist.init_process_group(backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     a.faulty = rank == a.fault_rank and a.fault != "none"
+    armed = a.fault_when is None
     coords = f"dp={rank}"
     x = torch.randn(8, 16)
 
@@ -131,7 +135,10 @@ def main() -> int:
 
     step = 0
     while time.time() < deadline:
-        if a.faulty and step == a.fault_step:
+        if a.faulty and not armed and step >= a.fault_step:
+            armed = os.path.exists(a.fault_when)
+            a.fault_step = step if armed else step + 1
+        if a.faulty and step == a.fault_step and armed:
             if a.fault == "hang":
                 report(a, rank, coords)
                 wait_for_batch_that_never_comes(deadline)
