@@ -599,6 +599,21 @@ class DeviceSample:
             "slowdown": self.slowdown, "ecc_uncorrected": self.ecc_uncorrected}.items() if v is not None}
 
 
+@dataclass(frozen=True)
+class ProcessGroupSample:
+    """The job's process groups as learned from outside (probe: process-groups, see
+    scout_sys/probes/pgroups.py), and the group each waiting rank's last send went to."""
+
+    time: float
+    groups: tuple[tuple[int, ...], ...]  # global members of each group, sorted
+    partial: tuple[int, ...] = ()  # indices of groups with members on other hosts
+    waits_in: tuple[tuple[int, int], ...] = ()  # (rank, group index): the group it last sent to
+    notes: tuple[str, ...] = ()
+    rank: int = -1  # a job-wide record
+    source: str = "procfs"
+
+
 Observation = Union[  # noqa: UP007 (the alias above is reassigned to add the eBPF and NVML records)
-    ProcSample, StackSample, CollectiveSample, SchedSample, SignalRecord, ExitRecord, OomRecord, DeviceSample
+    ProcSample, StackSample, CollectiveSample, SchedSample, SignalRecord, ExitRecord, OomRecord, DeviceSample,
+    ProcessGroupSample,
 ]

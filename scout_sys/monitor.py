@@ -314,5 +314,6 @@ def default_extra_probes() -> list[Probe]:
 def default_probes(ebpf: bool = True) -> list[Probe]:
     """Every probe beyond procfs and stacks: GPU telemetry, and the kernel probes when asked."""
     from scout_sys.probes.nvml import NvmlProbe
+    from scout_sys.probes.pgroups import ProcessGroupProbe
 
-    return [NvmlProbe(), *(default_extra_probes() if ebpf else [])]
+    return [NvmlProbe(), ProcessGroupProbe(), *(default_extra_probes() if ebpf else [])]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from scout_sys.consensus import c3
+from scout_sys.consensus import c3, waitfor
 from scout_sys.consensus import groups as peer_groups
 from scout_sys.consensus.patterns import CollectiveWait, collective_of
 from scout_sys.model import (
@@ -255,12 +255,13 @@ _KIND_OF_STATE = {"exited": PROCESS_EXIT, "stopped": PROCESS_STALL, "disk-sleep"
 def analyze(job: Job, obs: Sequence[Observation], *, window: tuple[float, float]) -> tuple[
         list[Incident], dict[int, Activity], list[str]]:
     """Hang findings for every peer group. Returns (incidents, activity per rank, notes)."""
-    return analyze_activities(job, activities(job, obs), window=window)
+    return analyze_activities(job, activities(job, obs), window=window, obs=obs)
 
 
-def analyze_activities(job: Job, acts: dict[int, Activity], *, window: tuple[float, float]) -> tuple[
-        list[Incident], dict[int, Activity], list[str]]:
-    """:func:`analyze` from per-rank activities already summarised (e.g. by the agent on each host)."""
+def analyze_activities(job: Job, acts: dict[int, Activity], *, window: tuple[float, float],
+                       obs: Sequence[Observation] = ()) -> tuple[list[Incident], dict[int, Activity], list[str]]:
+    """:func:`analyze` from per-rank activities already summarised (e.g. by the agent on each host).
+    ``obs`` may carry the learned process groups (probes/pgroups.py) for the wait-for graph."""
     notes: list[str] = []
     groups, layout = job.groups(), job.layout or "peer groups given with the job"
     if not job.peer_groups:  # layout unknown: group by the shape of activity (consensus/groups.py)
@@ -274,7 +275,9 @@ def analyze_activities(job: Job, acts: dict[int, Activity], *, window: tuple[flo
         found.append((group, inc))
         notes += nts
     incidents, nts = peer_groups.across(job, groups, found, acts, _analyze_group, window, layout)
-    return incidents, acts, notes + nts
+    # No origin from the peer-group vote: follow who waits for whom over the learned process groups.
+    incidents, wf_notes = waitfor.resolve(job, obs, acts, incidents, _attribute, window)
+    return incidents, acts, notes + nts + wf_notes
 
 
 def _since(acts: Sequence[Activity], default: float) -> float:
