@@ -183,6 +183,10 @@ def test_rotation_reads_every_rank_within_its_period():
     rot = Rotation(period=2.0, interval=0.5)
     seen = [rot.take([0, 1, 2, 3]) for _ in range(4)]  # 4 polls = 2 s
     assert sorted(r for s in seen for r in s) == [0, 1, 2, 3]
+    rot = Rotation(period=4.0, interval=0.5)
+    assert [len(rot.take(list(range(8)))) for _ in range(8)] == [1] * 8  # 8 ranks: one dump a poll
+    slow = [rot.take([0, 1, 2, 3], slow=True) for _ in range(10)]  # eBPF sees progress: dashboard only
+    assert sum(map(len, slow)) == 2
     rot = Rotation(period=2.0, interval=0.5, max_per_poll=4)
     assert len(rot.take(list(range(64)))) == 4  # bounded per poll
     assert Rotation().take([]) == []

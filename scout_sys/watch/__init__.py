@@ -69,7 +69,7 @@ class Watcher:
     def __init__(self, selector: str, *, interval: float = 0.5, stall_after: float | None = None,
                  state_dir: str | None = None, ebpf: bool = True, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep, topology: str | None = None,
-                 wait_ranks: float | None = None, stack_period: float = 2.0) -> None:
+                 wait_ranks: float | None = None, stack_period: float = 4.0) -> None:
         self.selector = selector
         self.interval = interval
         self.state_dir = state_dir or bundle.default_state_dir()
@@ -252,7 +252,8 @@ class Watcher:
         """A few live ranks' stacks, in turn: cheap progress for the spin shape, and the dashboard's stacks."""
         assert self.monitor is not None
         live = [p.rank for p in procs if p.alive and p.status not in DEAD_STATES]
-        samples = self.monitor.stacks.dump(set(self.rotation.take(live)))
+        slow = self.progress.sees_collectives(live)
+        samples = self.monitor.stacks.dump(set(self.rotation.take(live, slow=slow)))
         self.views.from_stacks(samples)
         return samples
 
