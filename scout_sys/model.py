@@ -596,8 +596,8 @@ Observation = Union[  # noqa: UP007 (the alias above is reassigned to add the eB
 
 @dataclass(frozen=True)
 class KernelResult:
-    """One kernel on one device: the digest of its output bits, its median time, and whether its
-    repetitions on that device all gave the same bits."""
+    """One kernel on one device: the digest of its output bits, the wall time of its repetitions in
+    the round, and whether they all gave the same bits."""
 
     digest: str
     seconds: float

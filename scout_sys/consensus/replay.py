@@ -108,8 +108,12 @@ def vote_times(results: Sequence[DeviceRound]) -> SlowVerdict:
     if len(secs) < 2:
         return SlowVerdict(secs)
     med = statistics.median(secs.values())
-    mad = statistics.median(abs(v - med) for v in secs.values())
-    threshold = max(med + K_MAD * 1.4826 * mad, med * MIN_RATIO, med + FLOOR)
+    if len(secs) < 3:  # no spread to speak of: measure against the faster one (the vote stays 1-1)
+        med = min(secs.values())
+        threshold = max(med * MIN_RATIO, med + FLOOR)
+    else:
+        mad = statistics.median(abs(v - med) for v in secs.values())
+        threshold = max(med + K_MAD * 1.4826 * mad, med * MIN_RATIO, med + FLOOR)
     flags = {i: secs[d.device] > threshold for i, d in enumerate(devs)}
     v = c3.vote(flags)
     if v.attributed and v.signature is False:

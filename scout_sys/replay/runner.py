@@ -55,12 +55,6 @@ def _preexec(ctx: Context, data_limit: int | None) -> Callable[[], None]:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except Exception:  # noqa: BLE001
             pass
-        for procs in ctx.cgroup_procs:
-            try:
-                with open(procs, "w") as f:
-                    f.write("0\n")
-            except OSError:
-                pass  # verified (and reported) by the parent
         try:
             os.sched_setaffinity(0, ctx.cpus)
         except OSError:
@@ -116,6 +110,9 @@ class WorkerSet:
             for dev in self.devices:
                 self._spawn(dev, budget)
             self._wait(lambda w: w.ready is not None or w.error is not None, timeout, "start")
+            for w in self.workers:
+                if w.ready is not None:
+                    self._join_cgroups(w)
         except BaseException:
             self.close()
             raise
@@ -135,13 +132,23 @@ class WorkerSet:
                                 stdout=subprocess.PIPE, stderr=err, cwd=ctx.cwd, env=env, start_new_session=True,
                                 preexec_fn=_preexec(ctx, budget if dev.kind == "cpu" else None))
         w = _Worker(dev, ctx, proc, err, notes=list(ctx.notes))
-        missing = _cgroups_of(dev.pid) - _cgroups_of(proc.pid)
-        if missing:
-            w.notes.append(f"{dev.name}: could not join the rank's cgroup(s) {', '.join(sorted(missing))}")
         self.workers.append(w)
         assert proc.stdout is not None
         os.set_blocking(proc.stdout.fileno(), False)
         self._sel.register(proc.stdout, selectors.EVENT_READ, w)
+
+    def _join_cgroups(self, w: _Worker) -> None:
+        """Move the worker (every thread) into its rank's cgroups once torch is imported: the kernels
+        run under the rank's quotas, the start-up does not crawl through them."""
+        for procs in w.ctx.cgroup_procs:
+            try:
+                with open(procs, "w") as f:
+                    f.write(f"{w.proc.pid}\n")
+            except OSError:
+                pass
+        missing = _cgroups_of(w.device.pid) - _cgroups_of(w.proc.pid)
+        if missing:
+            w.notes.append(f"{w.device.name}: could not join the rank's cgroup(s) {', '.join(sorted(missing))}")
 
     def _gpu_budget(self, dev: Device) -> int | None:
         try:
@@ -348,9 +355,10 @@ def _diagnose(job: Job, rounds: Sequence[Sequence[DeviceRound]], digests: Sequen
     last = rounds[-1]
     errors = [d for d in last if d.error]
     views = {}
+    slow_ranks = set(slow.ranks) if slow is not None else set()
     for d in last:
         state = "error" if d.error else "divergent" if d.device in digests[-1].divergent else \
-            "slow" if d.device in times[-1].slow else "agrees"
+            "slow" if slow_ranks & set(d.ranks) else "agrees"
         for r in d.ranks:
             views[r] = RankView(rank=r, state=state, where=d.device)
     out_notes = list(job.notes) + notes + [n for dv in digests[-1:] for n in dv.notes]

@@ -12,6 +12,7 @@ Protocol (lines on stdin/stdout, one JSON object per output line)::
     out: {"event": "ready", "torch": ..., "torch_file": ..., "capability": ..., "threads": ...}
     in:  "go N"   ->  out: {"event": "round", "round": N, "kernels": {name: {"digest", "seconds",
                                                                            "stable"}}}
+         ("seconds": wall time of the kernel's repetitions, digests excluded)
     in:  "quit" or end of input -> exits
     any failure -> out: {"event": "error", "error": "one line"}, exit status 3
 
@@ -195,8 +196,9 @@ def _flatten(torch, obj, prefix: str, out: dict) -> None:  # noqa: ANN001
 
 
 def run_kernel(torch, fn, reps: int, sync) -> dict:  # noqa: ANN001
-    """Run ``fn`` ``reps`` times: the first digest, whether every repetition gave it, and the median
-    time (not the minimum: a device held to a CPU quota runs some repetitions at full speed)."""
+    """Run ``fn`` ``reps`` times: the first digest, whether every repetition gave it, and the time
+    all repetitions took. A fixed amount of work over a wall clock, not the fastest repetition: a
+    device held to a CPU quota runs some repetitions at full speed and waits between them."""
     digests, times = [], []
     for _ in range(max(1, reps)):
         sync()
@@ -206,8 +208,7 @@ def run_kernel(torch, fn, reps: int, sync) -> dict:  # noqa: ANN001
         times.append(time.perf_counter() - t0)
         parts = res if isinstance(res, list) else [res]
         digests.append(combine([digest(torch, p) for p in parts]) if len(parts) > 1 else digest(torch, parts[0]))
-    times.sort()
-    return {"digest": digests[0], "seconds": round(times[len(times) // 2], 6), "stable": len(set(digests)) == 1}
+    return {"digest": digests[0], "seconds": round(sum(times), 6), "stable": len(set(digests)) == 1}
 
 
 def main(argv: list[str]) -> int:
