@@ -1,0 +1,131 @@
+"""What replay and certify cost.
+
+1. The live job's throughput while replay rounds run beside it vs without, in one run on the same
+   job (windows alternate without / with so drift on a shared machine hits both alike; the ratio of
+   the medians is reported), and how long one round takes (default kernel sizes).
+2. certify's read speed on a >= 1 GB torch.save checkpoint next to plain reading of the same file
+   (page cache warm for both, alternating), and with replica digests (folders of per-rank files).
+
+Runs on 2 cores: ``python benchmarks/replay_cost.py [--nproc 4] [--gb 1.0]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from scout_sys.demo.launch import DemoJob  # noqa: E402
+from scout_sys.job import find_job  # noqa: E402
+from scout_sys.replay.runner import WorkerSet  # noqa: E402
+
+
+def _steps(job: DemoJob) -> int:
+    found = re.findall(r"SCOUT-DEMO step step=(\d+)", job.log())
+    return int(found[-1]) if found else 0
+
+
+def _rate(job: DemoJob, seconds: float) -> float:
+    s0, t0 = _steps(job), time.time()
+    time.sleep(seconds)
+    return (_steps(job) - s0) / (time.time() - t0)
+
+
+def replay_overhead(a: argparse.Namespace) -> None:
+    rates: dict[str, list[float]] = {"without": [], "with": []}
+    durations: list[float] = []
+    with DemoJob(a.nproc, args=["--log-every", "1", "--step-time", str(a.step_time)]) as job:
+        job.wait_steps(3, timeout=180)
+        ws = WorkerSet(find_job(str(job.pid)), size=a.size, reps=3)
+        t = time.time()
+        ws.start()
+        print(f"replay: {len(ws.workers)} workers started in {time.time() - t:.1f} s (torch import, not measured)")
+        try:
+            n = 0
+            for _ in range(a.windows):
+                rates["without"].append(_rate(job, a.seconds))
+                stop = threading.Event()
+
+                def rounds(stop: threading.Event = stop) -> None:
+                    nonlocal n
+                    while not stop.is_set():
+                        n += 1
+                        t0 = time.time()
+                        ws.round(n)
+                        durations.append(time.time() - t0)
+
+                th = threading.Thread(target=rounds)
+                th.start()
+                rates["with"].append(_rate(job, a.seconds))
+                stop.set()
+                th.join()
+        finally:
+            ws.close()
+    wo, wi = statistics.median(rates["without"]), statistics.median(rates["with"])
+    print(f"job throughput: {wo:.1f} steps/s without replay, {wi:.1f} with rounds running back to back: "
+          f"ratio {wi / wo:.3f} ({a.nproc} ranks, step {a.step_time} s, {os.cpu_count()} cores)")
+    print(f"replay round ({a.size} sizes, {a.nproc} devices at once): median {statistics.median(durations):.2f} s, "
+          f"max {max(durations):.2f} s over {len(durations)} rounds")
+
+
+def certify_speed(a: argparse.Namespace) -> None:
+    import torch
+
+    from scout_sys.replay import checkpoint as ck
+
+    with tempfile.TemporaryDirectory(dir=a.dir) as d:
+        path = os.path.join(d, "model.pt")
+        n = int(a.gb * (1 << 30) / 4 / 8)
+        g = torch.Generator().manual_seed(0)
+        torch.save({f"layer{i}.weight": torch.randn(n, generator=g) for i in range(8)}, path)
+        size = os.path.getsize(path)
+        plain, check, digest = [], [], []
+        for _ in range(a.repeat):
+            t = time.perf_counter()
+            with open(path, "rb", buffering=0) as f:
+                while f.read(1 << 26):
+                    pass
+            plain.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            rep = ck.read(path)
+            check.append(time.perf_counter() - t)
+            assert rep.error is None and not rep.nonfinite
+            t = time.perf_counter()
+            ck.read(path, digests=True)
+            digest.append(time.perf_counter() - t)
+        gb = size / 1e9
+        p, c, dg = (statistics.median(x) for x in (plain, check, digest))
+        print(f"certify on {gb:.2f} GB (torch.save, page cache warm): plain read {gb / p:.2f} GB/s, "
+              f"certify content check {gb / c:.2f} GB/s ({p / c:.2f}x plain), "
+              f"with replica digests {gb / dg:.2f} GB/s ({p / dg:.2f}x plain)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nproc", type=int, default=4)
+    ap.add_argument("--windows", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per window")
+    ap.add_argument("--step-time", type=float, default=0.05)
+    ap.add_argument("--size", choices=["default", "small"], default="default")
+    ap.add_argument("--gb", type=float, default=1.0)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where the checkpoint is written (default: the temp dir)")
+    ap.add_argument("--skip-replay", action="store_true")
+    ap.add_argument("--skip-certify", action="store_true")
+    a = ap.parse_args()
+    if not a.skip_replay:
+        replay_overhead(a)
+    if not a.skip_certify:
+        certify_speed(a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
