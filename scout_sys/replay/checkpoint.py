@@ -105,7 +105,10 @@ def count_nonfinite(torch: Any, t: Any) -> int:
     flat = t.reshape(-1)
     bad = 0
     for part in flat.split(CHUNK):
-        bad += int(part.numel() - torch.isfinite(part).sum().item())
+        # One reduction pass: any NaN or Inf makes the sum non-finite. Only then (or when a sum of
+        # finite values overflows) count exactly.
+        if not bool(torch.isfinite(part.sum())):
+            bad += int(part.numel() - torch.isfinite(part).sum().item())
     return bad
 
 
