@@ -83,13 +83,14 @@ def test_healthy_job_names_nobody_and_its_next_checkpoint_is_certified(start_job
     ckpts.mkdir()
     torch_save(ckpts / "step_100.pt")  # the previous checkpoint: before the round
     job = start(start_job)
-    rc, d = replay(job, tmp_path)
+    rc, d = replay(job, tmp_path, "--checkpoint", str(ckpts / "step_100.pt"))
     assert d["incidents"] == [] and rc == 0, d
     ranks = {r["rank"]: r for r in d["job"]["ranks"]}
     assert {r["state"] for r in ranks.values()} == {"agrees"}
     rounds = d["replay"]["rounds"]
     assert len(rounds) == 2 and all(len(rnd) == 4 for rnd in rounds)
     assert all(x["context"]["python"] == sys.executable for x in rounds[0])  # the rank's venv interpreter
+    assert all("ckpt:w" in x["kernels"] for x in rounds[0])  # a GEMM with the checkpoint's own weight
     still_running(job)
     torch_save(ckpts / "step_200.pt")
     out = scout("certify", str(ckpts / "step_100.pt"), str(ckpts / "step_200.pt"), "--state-dir", str(tmp_path),

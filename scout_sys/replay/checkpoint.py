@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from scout_sys.replay.worker import flatten  # the worker's script is standard library until it runs
+
 TORCH_EXT = (".pt", ".pth", ".bin", ".ckpt", ".tar")
 SAFE_EXT = (".safetensors",)
 CHUNK = 1 << 24  # elements per isfinite() pass: bounded extra memory on huge tensors
@@ -83,17 +85,6 @@ def _first_line(e: BaseException) -> str:
         return "pickle needs code to load; refused by torch.load(weights_only=True), never executed"
     line = text.splitlines()[0] if text else type(e).__name__
     return line.split(". ")[0][:300]
-
-
-def _flatten(torch: Any, obj: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(obj, torch.Tensor):
-        out[prefix or "<tensor>"] = obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            _flatten(torch, v, f"{prefix}.{k}" if prefix else str(k), out)
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            _flatten(torch, v, f"{prefix}.{i}" if prefix else str(i), out)
 
 
 # --------------------------------------------------------------------------- tensor checks
@@ -165,7 +156,7 @@ def _read_torch(torch: Any, path: str, rep: FileReport, digests: bool) -> None:
             raise
         obj = torch.load(path, map_location="cpu", weights_only=True)  # legacy (non-zip) format: no mmap
     tensors: dict[str, Any] = {}
-    _flatten(torch, obj, "", tensors)
+    flatten(torch, obj, "", tensors)
     _check(torch, rep, iter(tensors.items()), digests)
 
 

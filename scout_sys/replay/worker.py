@@ -167,7 +167,7 @@ def checkpoint_kernels(torch, spec: dict, dev, gen_seed: int) -> tuple[list, lis
                 obj = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
             except Exception as e:  # noqa: BLE001 - the reason goes back as a note
                 return [], [f"{f}: not loadable with weights_only=True ({str(e).splitlines()[0][:200]})"]
-            _flatten(torch, obj, "", tensors)
+            flatten(torch, obj, "", tensors)
     if not files:
         return [], [f"{path}: no .pt/.pth/.bin/.safetensors file (DCP folders: use certify)"]
     mats = [(k, t) for k, t in tensors.items() if t.dim() == 2 and t.is_floating_point()]
@@ -184,15 +184,16 @@ def checkpoint_kernels(torch, spec: dict, dev, gen_seed: int) -> tuple[list, lis
     return out, notes
 
 
-def _flatten(torch, obj, prefix: str, out: dict) -> None:  # noqa: ANN001
+def flatten(torch, obj, prefix: str, out: dict) -> None:  # noqa: ANN001
+    """Every tensor of a nested state dict, by dotted name (certify uses it too)."""
     if isinstance(obj, torch.Tensor):
-        out[prefix or "tensor"] = obj
+        out[prefix or "<tensor>"] = obj
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            _flatten(torch, v, f"{prefix}.{k}" if prefix else str(k), out)
+            flatten(torch, v, f"{prefix}.{k}" if prefix else str(k), out)
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
-            _flatten(torch, v, f"{prefix}.{i}" if prefix else str(i), out)
+            flatten(torch, v, f"{prefix}.{i}" if prefix else str(i), out)
 
 
 def run_kernel(torch, fn, reps: int, sync) -> dict:  # noqa: ANN001
