@@ -47,6 +47,8 @@ class Context:
     cgroup_procs: tuple[str, ...]  # cgroup.procs files of the rank's cgroups (to join)
     torch_site: str | None  # the directory holding the torch package the rank loaded
     notes: tuple[str, ...] = ()
+    uid: int | None = None  # the rank's user and group: the worker runs as them
+    gid: int | None = None
 
 
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
@@ -243,7 +245,41 @@ def context_of(pid: int) -> Context:
     env[WORKER_MARK] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("PYTHONSTARTUP", None)
-    return Context(_interpreter(pid, cwd), env, cwd, cpus, nice, cgroup_procs(pid), site, tuple(notes))
+    uid, gid = _ids(pid)
+    return Context(_interpreter(pid, cwd), env, cwd, cpus, nice, cgroup_procs(pid), site, tuple(notes), uid, gid)
+
+
+def _ids(pid: int) -> tuple[int | None, int | None]:
+    """The rank's effective user and group ids (/proc/PID/status)."""
+    uid = gid = None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    uid = int(line.split()[2])
+                elif line.startswith("Gid:"):
+                    gid = int(line.split()[2])
+    except (OSError, ValueError, IndexError):
+        pass
+    return uid, gid
+
+
+def memory_headroom(procs: str) -> int | None:
+    """Bytes left under the memory limit of the cgroup whose ``cgroup.procs`` is ``procs``; None
+    when it has no memory controller or no limit."""
+    d = os.path.dirname(procs)
+    for limit_f, used_f in (("memory.max", "memory.current"), ("memory.limit_in_bytes", "memory.usage_in_bytes")):
+        try:
+            with open(os.path.join(d, limit_f)) as f:
+                limit = f.read().strip()
+            with open(os.path.join(d, used_f)) as f:
+                used = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:
+            return None
+        return int(limit) - used
+    return None
 
 
 def memory_available(meminfo: str = "/proc/meminfo") -> int:

@@ -23,11 +23,19 @@ from typing import IO, Any
 from scout_sys.consensus import replay as rules
 from scout_sys.errors import ScoutError
 from scout_sys.model import DeviceRound, Diagnosis, Incident, Job, KernelResult, RankView
-from scout_sys.replay.context import Context, Device, context_of, devices_of, memory_available
+from scout_sys.replay.context import (
+    Context,
+    Device,
+    context_of,
+    devices_of,
+    memory_available,
+    memory_headroom,
+)
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 MEMORY_SHARE = 0.25  # of MemAvailable (CPU) / free device memory (GPU), for all workers together
 WORKER_BASELINE = 640 << 20  # what a worker needs beyond its kernels: the interpreter and torch
+MIN_HEADROOM = 1 << 30  # a rank's memory cgroup is joined only with this much left under its limit
 READY_TIMEOUT = 120.0
 ROUND_TIMEOUT = 300.0
 _PR_SET_PDEATHSIG = 1
@@ -65,6 +73,11 @@ def _preexec(ctx: Context, data_limit: int | None) -> Callable[[], None]:
             pass
         if data_limit:
             resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
+        if os.geteuid() == 0 and ctx.uid not in (None, 0):  # run as the rank's user, not as root
+            if ctx.gid is not None:
+                os.setgroups([])
+                os.setgid(ctx.gid)
+            os.setuid(ctx.uid)
     return run
 
 
@@ -141,13 +154,18 @@ class WorkerSet:
         """Move the worker (every thread) into its rank's cgroups once torch is imported: the kernels
         run under the rank's quotas, the start-up does not crawl through them."""
         for procs in w.ctx.cgroup_procs:
+            room = memory_headroom(procs)
+            if room is not None and room < MIN_HEADROOM:
+                w.notes.append(f"{w.device.name}: not joining {os.path.dirname(procs)}: {room >> 20} MiB left under "
+                               "its memory limit, the worker could push the rank to the OOM killer")
+                continue
             try:
                 with open(procs, "w") as f:
                     f.write(f"{w.proc.pid}\n")
             except OSError:
                 pass
         missing = _cgroups_of(w.device.pid) - _cgroups_of(w.proc.pid)
-        if missing:
+        if missing and not any("not joining" in n for n in w.notes):
             w.notes.append(f"{w.device.name}: could not join the rank's cgroup(s) {', '.join(sorted(missing))}")
 
     def _gpu_budget(self, dev: Device) -> int | None:
@@ -268,7 +286,8 @@ class WorkerSet:
                     results[id(w)] = msg
         out = []
         for w in self.workers:
-            info = {k: w.ready.get(k) for k in ("torch", "capability", "threads", "device_name")} if w.ready else {}
+            info = {k: w.ready.get(k) for k in ("torch", "capability", "threads", "device_name", "uid")} \
+                if w.ready else {}
             info = {k: v for k, v in info.items() if v is not None}
             if w.ready:
                 info["python"] = w.ctx.python

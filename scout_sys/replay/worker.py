@@ -240,7 +240,7 @@ def main(argv: list[str]) -> int:
         emit({"event": "error", "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
         return 3
     cap = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: None)()
-    emit({"event": "ready", "pid": os.getpid(), "torch": torch.__version__, "torch_file": torch.__file__,
+    emit({"event": "ready", "pid": os.getpid(), "uid": os.getuid(), "torch": torch.__version__, "torch_file": torch.__file__,
           "capability": cap, "threads": torch.get_num_threads(), "device": str(dev), "device_name": name,
           "kernels": [k for k, _ in ks], "notes": notes})
     for line in sys.stdin:
