@@ -78,6 +78,16 @@ def test_other_cpu_kernels_on_one_rank_is_sdc(start_job, tmp_path):
     still_running(job)
 
 
+def test_other_thread_count_on_one_rank_is_sdc(start_job, tmp_path):
+    """Two threads where its peers run one: another reduction order, other bits."""
+    job = start(start_job, rank=3, env="OMP_NUM_THREADS=2")
+    rc, d = replay(job, tmp_path, "--rounds", "1")
+    assert named(d) == [("sdc", "attributed", [3])], d["incidents"]
+    ev = d["incidents"][0]["evidence"][0]
+    assert "reductions" in ev["kernels"] and ev["context"]["threads"] == 2
+    still_running(job)
+
+
 def test_healthy_job_names_nobody_and_its_next_checkpoint_is_certified(start_job, tmp_path):
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
