@@ -79,16 +79,13 @@ def _content(path: str) -> tuple[list[str], list[str], list[dict[str, Any]]]:
     kind = ck.kind_of(path)
     if kind == "folder":
         files = ck.folder_files(path)
-        reports = [ck.read(f) for f in files]
+        # Several files may be replicas: hash while reading (one pass), compare where layouts match.
+        reports = _read_all(files, digests=len(files) >= 2)
         by_sig: dict[tuple, list[ck.FileReport]] = {}
         for r in reports:
             if r.error is None:
                 by_sig.setdefault(r.signature(), []).append(r)
         replicas = [rs for rs in by_sig.values() if len(rs) >= 2]
-        if replicas:  # digests only where there is something to compare
-            again = {r.path: ck.read(r.path, digests=True) for rs in replicas for r in rs}
-            reports = [again.get(r.path, r) for r in reports]
-            replicas = [[again[r.path] for r in rs] for rs in replicas]
     else:
         reports, replicas = [ck.read(path)], []
     reasons: list[str] = []
@@ -121,6 +118,14 @@ def _content(path: str) -> tuple[list[str], list[str], list[dict[str, Any]]]:
     if not reports:
         reasons.append("no checkpoint file in the folder")
     return reasons, divergent, nonfinite
+
+
+def _read_all(files: Sequence[str], *, digests: bool = False) -> list[ck.FileReport]:
+    """Read files side by side: hashing and torch's reductions release the GIL."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1, len(files)))) as pool:
+        return list(pool.map(lambda f: ck.read(f, digests=digests), files))
 
 
 def _shown(root: str, path: str) -> str:

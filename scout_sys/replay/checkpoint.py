@@ -104,15 +104,16 @@ def count_nonfinite(torch: Any, t: Any) -> int:
 
 
 def tensor_digest(t: Any) -> str:
-    """blake2b of the tensor's raw bytes, read in place (no copy of a contiguous tensor)."""
+    """SHA-256 of the tensor's raw bytes (SHA extensions make it the fastest exact hash on x86),
+    read in place (no copy of a contiguous tensor)."""
     t = t.detach().contiguous()
     n = t.numel() * t.element_size()
-    h = hashlib.blake2b(digest_size=16)
+    h = hashlib.sha256()
     h.update(f"{t.dtype}|{tuple(t.shape)}|".encode())
     ptr = t.data_ptr()
     for off in range(0, n, DIGEST_BYTES):
         h.update((ctypes.c_char * min(DIGEST_BYTES, n - off)).from_address(ptr + off))
-    return h.hexdigest()
+    return h.hexdigest()[:32]
 
 
 def _check(torch: Any, rep: FileReport, tensors: Iterator[tuple[str, Any]], digests: bool) -> None:
