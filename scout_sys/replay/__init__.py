@@ -6,6 +6,7 @@
 - ``runner.py``: starts the workers, runs rounds, decides with ``consensus/replay.py``;
   ``run_rounds(job, ...)`` / ``run_round(job, ...)`` are the library entry points.
 - ``ledger.py``: every round, one JSON line in the state directory.
+- ``live.py``: ``ReplayPart``, replay as a part of the live loop (on a confirmed straggler, periodic).
 - ``checkpoint.py`` / ``certify.py``: ``scout-sys certify`` (imports torch; never runs pickle code).
 
 Importing this package imports nothing of the above.

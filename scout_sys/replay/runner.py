@@ -15,6 +15,7 @@ import selectors
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,10 @@ _PR_SET_PDEATHSIG = 1
 
 class ReplayError(ScoutError):
     """Replay could not run (no memory to spare, workers that failed to start...)."""
+
+
+class ReplayCancelled(ReplayError):
+    """``stop`` was set while a round ran (the workers are stopped all the same)."""
 
 
 @dataclass
@@ -94,8 +99,9 @@ class WorkerSet:
 
     def __init__(self, job: Job, *, size: str = "default", reps: int = 3, seed: int = 1234,
                  checkpoint: str | None = None, memory_share: float = MEMORY_SHARE,
-                 devices: Sequence[Device] | None = None) -> None:
+                 devices: Sequence[Device] | None = None, stop: threading.Event | None = None) -> None:
         self.job = job
+        self.stop = stop or threading.Event()
         self.devices = list(devices) if devices is not None else devices_of(job)
         self.spec = {"size": size, "reps": reps, "seed": seed,
                      "checkpoint": os.path.abspath(checkpoint) if checkpoint else None}
@@ -259,6 +265,7 @@ class WorkerSet:
     def _wait(self, done: Callable[[_Worker], bool], timeout: float, what: str) -> None:
         end = time.monotonic() + timeout
         while not all(done(w) for w in self.workers):
+            self._check_stop()
             left = end - time.monotonic()
             if left <= 0:
                 for w in self.workers:
@@ -266,6 +273,10 @@ class WorkerSet:
                         w.error = f"no answer within {timeout:g} s ({what})"
                 return
             self._pump(min(left, 0.5))
+
+    def _check_stop(self) -> None:
+        if self.stop.is_set():
+            raise ReplayCancelled("replay stopped")
 
     # ------------------------------------------------------------------ rounds
     def round(self, n: int, timeout: float = ROUND_TIMEOUT) -> list[DeviceRound]:
@@ -281,6 +292,7 @@ class WorkerSet:
                 w.error = self._died(w)
         end = time.monotonic() + timeout
         while any(id(w) not in results and w.error is None for w in live) and time.monotonic() < end:
+            self._check_stop()
             for w, msg in self._pump(min(0.5, max(0.0, end - time.monotonic()))):
                 if msg.get("event") == "round" and msg.get("round") == n:
                     results[id(w)] = msg
@@ -327,17 +339,18 @@ class ReplayResult:
 
 def run_rounds(job: Job, rounds: int = 2, *, size: str = "default", reps: int = 3, seed: int = 1234,
                checkpoint: str | None = None, state_dir: str | None = None,
-               clock: Callable[[], float] = time.time) -> ReplayResult:
+               clock: Callable[[], float] = time.time, stop: threading.Event | None = None) -> ReplayResult:
     """Start the workers, run ``rounds`` rounds, stop them; decide; append each round to the ledger
     under ``state_dir`` (none when ``state_dir`` is None). The library entry point of ``replay``
-    (and of ``watch``, to tell a slow device from a slow network)."""
+    (and of ``watch``, to tell a slow device from a slow network: see ``replay/live.py``). Setting
+    ``stop`` from another thread ends it within a second with ReplayCancelled, workers gone."""
     if rounds < 1:
         raise ScoutError("--rounds must be at least 1")
     t0 = clock()
     all_rounds: list[tuple[DeviceRound, ...]] = []
     digests: list[rules.DigestVerdict] = []
     times: list[rules.SlowVerdict] = []
-    ws = WorkerSet(job, size=size, reps=reps, seed=seed, checkpoint=checkpoint)
+    ws = WorkerSet(job, size=size, reps=reps, seed=seed, checkpoint=checkpoint, stop=stop)
     with ws:
         for n in range(1, rounds + 1):
             started = clock()
