@@ -274,7 +274,9 @@ def _replay_parsers(sub: argparse._SubParsersAction) -> None:
                                    "environment, CPU set, cgroups, device; lower priority, bounded memory), run "
                                    "the same deterministic kernels on each and vote by strict majority.",
                        epilog=_REPLAY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _job_options(r)
+    # Peers are devices of the same kind, whatever the parallel layout: no --topology here.
+    r.add_argument("--job", required=True, metavar="SEL",
+                   help="PID of the launcher or of any rank, pgid:N, or PID,PID,... of rank processes")
     r.add_argument("--checkpoint", metavar="PATH", help="also run GEMMs with this checkpoint's weights and shapes "
                                                         "(.pt/.pth/.bin read with weights_only=True, .safetensors)")
     r.add_argument("--rounds", type=int, default=2, help="rounds (default: 2; a slow device needs 2 in a row)")
@@ -310,7 +312,7 @@ def _replay(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _term)  # the workers are closed on the way out, as on SIGINT
-    job = find_job(args.job, args.topology)
+    job = find_job(args.job)
     res = run_rounds(job, args.rounds, size=args.size, reps=args.reps, checkpoint=args.checkpoint,
                      state_dir=args.state_dir or default_state_dir())
     d = res.diagnosis
