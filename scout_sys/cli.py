@@ -56,9 +56,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
 
 
-def _job_options(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+def _job_options(p: argparse.ArgumentParser, *, required: bool = True, topology: bool = True) -> None:
     p.add_argument("--job", required=required, metavar="SEL",
                    help="PID of the launcher or of any rank, pgid:N, or PID,PID,... of rank processes")
+    if not topology:
+        return
     p.add_argument("--topology", default=None, metavar="LAYOUT",
                    help="the parallel layout, e.g. dp=4,pp=2 or dp=2,tp=2,pp=2,order=megatron (orders: mesh "
                         "(default: as written, last fastest), megatron, deepspeed, torchtitan; see "
@@ -274,9 +276,7 @@ def _replay_parsers(sub: argparse._SubParsersAction) -> None:
                                    "environment, CPU set, cgroups, device; lower priority, bounded memory), run "
                                    "the same deterministic kernels on each and vote by strict majority.",
                        epilog=_REPLAY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # Peers are devices of the same kind, whatever the parallel layout: no --topology here.
-    r.add_argument("--job", required=True, metavar="SEL",
-                   help="PID of the launcher or of any rank, pgid:N, or PID,PID,... of rank processes")
+    _job_options(r, topology=False)  # peers are devices of one kind, whatever the parallel layout
     r.add_argument("--checkpoint", metavar="PATH", help="also run GEMMs with this checkpoint's weights and shapes "
                                                         "(.pt/.pth/.bin read with weights_only=True, .safetensors)")
     r.add_argument("--rounds", type=int, default=2, help="rounds (default: 2; a slow device needs 2 in a row)")
