@@ -47,6 +47,10 @@ def replay_overhead(a: argparse.Namespace) -> None:
         t = time.time()
         ws.start()
         print(f"replay: {len(ws.workers)} workers started in {time.time() - t:.1f} s (torch import, not measured)")
+        failed = [w.error for w in ws.workers if w.error]
+        if failed:
+            ws.close()
+            raise SystemExit(f"replay workers failed: {failed}")
         try:
             n = 0
             for _ in range(a.windows):

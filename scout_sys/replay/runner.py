@@ -76,6 +76,7 @@ def _preexec(ctx: Context, data_limit: int | None) -> Callable[[], None]:
             os.setpriority(os.PRIO_PROCESS, 0, ctx.nice)
         except OSError:
             pass
+
         if data_limit:
             resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
         if os.geteuid() == 0 and ctx.uid not in (None, 0):  # run as the rank's user, not as root
@@ -157,8 +158,14 @@ class WorkerSet:
         self._sel.register(proc.stdout, selectors.EVENT_READ, w)
 
     def _join_cgroups(self, w: _Worker) -> None:
-        """Move the worker (every thread) into its rank's cgroups once torch is imported: the kernels
-        run under the rank's quotas, the start-up does not crawl through them."""
+        """Move the worker (every thread) into its rank's cgroups, and lower its session's priority,
+        once torch is imported: the kernels run under the rank's quotas and yield to the job, the
+        start-up does not crawl through them."""
+        try:  # with sched_autogroup a new session is its own scheduling group: nice the group too
+            with open(f"/proc/{w.proc.pid}/autogroup", "w") as f:
+                f.write(f"{w.ctx.nice}\n")
+        except OSError:
+            pass
         for procs in w.ctx.cgroup_procs:
             room = memory_headroom(procs)
             if room is not None and room < MIN_HEADROOM:
