@@ -149,13 +149,15 @@ def _cpu_cgroup(quota_us: int, period_us: int = 100_000) -> tuple[str, str]:
 
 
 def test_rank_held_to_a_cpu_sliver_by_its_cgroup_is_a_straggler(start_job, tmp_path):
-    procs, folder = _cpu_cgroup(2_000)  # 2% of one CPU
+    procs, folder = _cpu_cgroup(1_000)  # 1% of one CPU, shared with the rank itself
     try:
         job = start(start_job)
         pid = next(int(p) for p in _rank_pids(job) if _rank_of(p) == 1)
         with open(procs, "w") as f:
             f.write(str(pid))
-        rc, d = replay(job, tmp_path, "--reps", "20")
+        # Enough work per round that the peers' share of a busy machine averages out (workers yield
+        # to everything else: their session is niced).
+        rc, d = replay(job, tmp_path, "--reps", "40")
         assert named(d) == [("straggler", "attributed", [1])], d["incidents"]
         assert rc == 1
         secs = d["incidents"][0]["evidence"][0]["seconds"]
