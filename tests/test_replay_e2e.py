@@ -150,6 +150,7 @@ def _cpu_cgroup(quota_us: int, period_us: int = 100_000) -> tuple[str, str]:
 
 def test_rank_held_to_a_cpu_sliver_by_its_cgroup_is_a_straggler(start_job, tmp_path):
     procs, folder = _cpu_cgroup(1_000)  # 1% of one CPU, shared with the rank itself
+    job = None
     try:
         job = start(start_job)
         pid = next(int(p) for p in _rank_pids(job) if _rank_of(p) == 1)
@@ -165,7 +166,9 @@ def test_rank_held_to_a_cpu_sliver_by_its_cgroup_is_a_straggler(start_job, tmp_p
         job.stop()
         assert workers_of(job) == []
     finally:
-        for _ in range(50):
+        if job is not None:
+            job.stop()  # the cgroup can go only once its processes are gone
+        for _ in range(100):
             try:
                 os.rmdir(folder)
                 break
