@@ -81,7 +81,7 @@ def _candidate(proc: psutil.Process) -> _Candidate | None:
     """A rank process, or None. Never raises for vanished processes."""
     try:
         env = _environ(proc.pid)
-        if not env:
+        if not env or env.get("SCOUT_REPLAY_WORKER"):  # a replay worker carries its rank's environment
             return None
         for rv, wv, lv in _RANK_VARS:  # noqa: B007 (lv is used after the loop)
             rank, ws = _int(env.get(rv)), _int(env.get(wv))

@@ -617,3 +617,40 @@ Observation = Union[  # noqa: UP007 (the alias above is reassigned to add the eB
     ProcSample, StackSample, CollectiveSample, SchedSample, SignalRecord, ExitRecord, OomRecord, DeviceSample,
     ProcessGroupSample,
 ]
+
+
+# ---- replay records (scout_sys/replay: one worker per device beside the job)
+
+
+@dataclass(frozen=True)
+class KernelResult:
+    """One kernel on one device: the digest of its output bits, the wall time of its repetitions in
+    the round, and whether they all gave the same bits."""
+
+    digest: str
+    seconds: float
+    stable: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"digest": self.digest, "seconds": round(self.seconds, 6), "stable": self.stable}
+
+
+@dataclass(frozen=True)
+class DeviceRound:
+    """One replay round on one device. ``device`` names it for people ("cpu/rank2", "cuda:3")."""
+
+    device: str
+    ranks: tuple[int, ...]
+    peer_kind: str  # devices that must agree bit for bit share it (model and torch build)
+    kernels: dict[str, KernelResult] = field(default_factory=dict, hash=False, compare=False)
+    error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)  # torch, capability, threads
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"device": self.device, "ranks": list(self.ranks), "peer_kind": self.peer_kind,
+                               "kernels": {k: v.to_json() for k, v in sorted(self.kernels.items())}}
+        if self.error:
+            out["error"] = self.error
+        if self.info:
+            out["context"] = dict(self.info)
+        return out
