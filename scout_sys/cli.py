@@ -128,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--wait-ranks", type=float, default=None, metavar="SECONDS",
                    help="when the job has no rank yet (watch started with the launcher), wait at most this long "
                         "for its ranks (default: as long as the selected process lives)")
+    w.add_argument("--replay", action=argparse.BooleanOptionalAction, default=True,
+                   help="run a replay round (docs/replay.md) when a straggler is confirmed, to tell a slow device "
+                        "from a slow network or input pipeline (default: on)")
+    w.add_argument("--replay-every", type=float, default=None, metavar="SECONDS",
+                   help="also run a replay round every so many seconds (sdc: silent data corruption; default: off)")
     _export_options(w)
     _cluster_options(w)
 
@@ -259,8 +264,9 @@ def _watch(args: argparse.Namespace) -> int:
     from scout_sys.report import printable
     from scout_sys.watch import Watcher
 
-    if args.interval <= 0 or any(v is not None and v <= 0 for v in (args.stall_after, args.wait_ranks)):
-        raise ScoutError("--interval, --stall-after and --wait-ranks must be positive")
+    if args.interval <= 0 or any(v is not None and v <= 0 for v in (args.stall_after, args.wait_ranks,
+                                                                    args.replay_every)):
+        raise ScoutError("--interval, --stall-after, --wait-ranks and --replay-every must be positive")
     if bool(args.job) == bool(args.report):
         raise ScoutError("watch needs exactly one of --job SEL (a live job) or --report FILE (a saved report)")
     if args.report:
@@ -272,7 +278,8 @@ def _watch(args: argparse.Namespace) -> int:
     held: deque[str] = deque(maxlen=50)  # the dashboard owns the terminal: sinks' messages wait till it closes
     sinks = _export_sinks(args, held.append if dashboard else lambda m: print(m, file=sys.stderr, flush=True))
     watcher = Watcher(args.job, interval=args.interval, stall_after=args.stall_after, state_dir=args.state_dir,
-                      ebpf=args.ebpf, topology=args.topology, wait_ranks=args.wait_ranks)
+                      ebpf=args.ebpf, topology=args.topology, wait_ranks=args.wait_ranks, replay=args.replay,
+                      replay_every=args.replay_every)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

@@ -32,6 +32,7 @@ from scout_sys.model import (
     HARDWARE,
     PROCESS_EXIT,
     PROCESS_STALL,
+    SDC,
     STRAGGLER,
     Diagnosis,
     Event,
@@ -44,6 +45,7 @@ from scout_sys.model import (
     StackSample,
 )
 from scout_sys.monitor import Monitor, default_probes
+from scout_sys.replay.live import ReplayPart
 from scout_sys.watch import bundle
 from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch
 from scout_sys.watch.incidents import IncidentBook
@@ -69,7 +71,10 @@ class Watcher:
     def __init__(self, selector: str, *, interval: float = 0.5, stall_after: float | None = None,
                  state_dir: str | None = None, ebpf: bool = True, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep, topology: str | None = None,
-                 wait_ranks: float | None = None, stack_period: float = 4.0) -> None:
+                 wait_ranks: float | None = None, stack_period: float = 4.0, replay: bool = True,
+                 replay_every: float | None = None) -> None:
+        """``replay``: a replay round (scout_sys/replay) when a straggler is confirmed, to tell a slow
+        device from a slow network or input; ``replay_every``: also one every so many seconds."""
         self.selector = selector
         self.interval = interval
         self.state_dir = state_dir or bundle.default_state_dir()
@@ -82,6 +87,9 @@ class Watcher:
         self.rotation = Rotation(period=stack_period, interval=interval)
         self.stragglers = StragglerWatch()
         self.book = IncidentBook()
+        self.replay_on, self.replay_every = replay, replay_every
+        self.replay: ReplayPart | None = None
+        self._replayed: list[Incident] = []  # the last replay session's findings (sdc, straggler)
         self.monitor: Monitor | None = None
         self.job: Job | None = None
         self.started = 0.0
@@ -126,11 +134,19 @@ class Watcher:
         self.stragglers.every.reset(now)
         self.monitor = Monitor(job, extra_probes=default_probes(self.ebpf), clock=self.clock, sleep=self.sleep)
         self.monitor.start()
+        if self.replay is not None:
+            self.replay.close()
+        self.replay = ReplayPart(job, every=self.replay_every, state_dir=self.state_dir, started=now) \
+            if self.replay_on or self.replay_every else None
+        self._replayed = []
         self._publish()
 
     def close(self, *, background: bool = False) -> None:
         """Detach every probe (``background``: let a short-lived child do the slow part, see
         :meth:`Monitor.close`)."""
+        if self.replay is not None:
+            self.replay.close()  # its workers are gone when this returns
+            self.replay = None
         if self.monitor is not None:
             self.monitor.close(background=background)
             self.monitor = None
@@ -207,9 +223,14 @@ class Watcher:
         events += self._hang_step(procs, now)
         self._devices = {r: d.to_json() for r, d in hardware.latest(batch).items()} or self._devices
         events += self.book.reconcile(hardware.analyze(job, batch), now, frozenset({HARDWARE}))
+        events += self._replay_step(now)
         if self.stragglers.due(now):
-            events += self.book.reconcile(self.stragglers.round(job, list(self._obs), now), now,
-                                          frozenset({STRAGGLER}))
+            found = self.stragglers.round(job, list(self._obs), now)
+            if self.replay is not None:  # what the last replay says of the device of each straggler
+                found = [replace(f, evidence=f.evidence + (ev,)) if (ev := self.replay.explain(f)) else f
+                         for f in found]
+            found += [f for f in self._replayed if f.kind == STRAGGLER]
+            events += self.book.reconcile(found, now, frozenset({STRAGGLER}))
         self._publish()
         return events
 
@@ -241,6 +262,24 @@ class Watcher:
                         if f.ranks and all(any(p.rank == r and not p.alive for p in procs) for r in f.ranks)]
             self.views.from_procs(procs, now)
         return self.book.reconcile(findings, now, HANG_KINDS, on_open=self._on_open)
+
+    def _replay_step(self, now: float) -> list[Event]:
+        """Start a replay round when one is due (a new straggler, or --replay-every); keep the last
+        finished round's findings as this poll's sdc findings (its stragglers join the straggler round)."""
+        if self.replay is None:
+            return []
+        before = self.replay.last
+        found = self.replay.step(now, list(self.book.open.values()))
+        if self.replay.last is not before:
+            self._replayed = found
+        if self.replay.last_error:
+            self._notes.append(f"replay round failed: {self.replay.last_error}")
+            self.replay.last_error = None
+        return self.book.reconcile([f for f in self._replayed if f.kind == SDC], now, frozenset({SDC}))
+
+    def replay_now(self) -> bool:
+        """Start a replay round now (the dashboard's key); False when one runs already or replay is off."""
+        return self.replay is not None and self.replay.request("asked for", self.clock())
 
     # ------------------------------------------------------------------ pieces
     def _remember(self, batch: Sequence[Observation], now: float) -> None:
