@@ -21,9 +21,10 @@ setup: $(STAMP) ebpf
 system:
 	@bash scripts/setup-system.sh
 
-$(STAMP): requirements.txt pyproject.toml | system
+$(STAMP): requirements.txt requirements-frameworks.txt constraints.txt pyproject.toml | system
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -r requirements-frameworks.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 

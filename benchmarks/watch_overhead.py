@@ -4,7 +4,8 @@ watch's own CPU and memory, on an 8-rank demo job (targets: ratio >= 0.99, < 5% 
 
 Runs alternate (without, with, without, with, ...) on the same job so that drift on a shared machine
 hits both sides alike; the ratio of the medians is reported. ``--no-ebpf`` measures procfs+stacks
-alone.
+alone; ``--sync spin`` runs the job in the GPU shape (asynchronous buckets, a spinning wait), where
+every rank is always on a CPU and the watch's CPU is taken from them.
 """
 
 from __future__ import annotations
@@ -52,12 +53,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=15.0, help="measured seconds per run")
     ap.add_argument("--no-ebpf", action="store_true")
+    ap.add_argument("--sync", default="blocking", choices=["blocking", "spin", "wait"],
+                    help="the demo job's shape (scout_sys/demo/train.py --sync)")
     ap.add_argument("--step-time", type=float, default=0.05,
                     help="the demo job's paced step (0: CPU-bound, every cycle the watch takes is the job's)")
     a = ap.parse_args()
     rates: dict[str, list[float]] = {"without": [], "with": []}
     cpu, rss = [], []
-    with DemoJob(a.nproc, args=["--log-every", "1", "--step-time", str(a.step_time)]) as job, \
+    with DemoJob(a.nproc, args=["--log-every", "1", "--step-time", str(a.step_time), "--sync", a.sync]) as job, \
             tempfile.TemporaryDirectory() as state:
         job.wait_steps(5, timeout=180)
         for _ in range(a.rounds):
@@ -77,7 +80,8 @@ def main() -> int:
     w_, wo = statistics.median(rates["with"]), statistics.median(rates["without"])
     mode = "procfs+stacks" if a.no_ebpf else "procfs+stacks+eBPF"
     pace = "CPU-bound" if a.step_time <= 0 else f"paced at {a.step_time:g} s/step"
-    print(f"watch ({mode}) beside a {a.nproc}-rank job ({pace}), {a.rounds} alternating rounds of {a.seconds:g} s:")
+    print(f"watch ({mode}) beside a {a.nproc}-rank {a.sync} job ({pace}), {a.rounds} alternating rounds of "
+          f"{a.seconds:g} s:")
     print(f"  job throughput with/without watch: {w_:.2f} / {wo:.2f} steps/s = ratio {w_ / wo:.3f} (target >= 0.99)")
     print(f"  watch CPU (py-spy helpers included): median {statistics.median(cpu):.1f}% of one core (target < 5%)")
     print(f"  watch RSS: max {max(rss):.0f} MB (target < 200 MB)")

@@ -36,3 +36,11 @@ class ProbeUnavailable(ScoutError):
 
 
 SUDO_HINT = 'run as root: sudo env "PATH=$PATH" scout-sys ...; in a container add --cap-add SYS_PTRACE'
+
+
+class BadToken(ScoutError):
+    """The cluster token is missing, unreadable, or not the one the store's run was signed with."""
+
+
+class StoreUnreachable(ScoutError):
+    """The cluster's c10d store (hosted by the agent of node rank 0) cannot be reached in time."""

@@ -81,7 +81,7 @@ def _candidate(proc: psutil.Process) -> _Candidate | None:
     """A rank process, or None. Never raises for vanished processes."""
     try:
         env = _environ(proc.pid)
-        if not env:
+        if not env or env.get("SCOUT_REPLAY_WORKER"):  # a replay worker carries its rank's environment
             return None
         for rv, wv, lv in _RANK_VARS:  # noqa: B007 (lv is used after the loop)
             rank, ws = _int(env.get(rv)), _int(env.get(wv))
@@ -359,6 +359,20 @@ def _find_job(selector: str) -> Job:
         cands = _candidates(seen.values())
         leader = next((p for p in members if p.pid == pgid), None)
         return _build(cands, leader, selector)
+    if sel.startswith("env:"):
+        # env:NAME=VALUE: this host's rank processes whose environment holds NAME=VALUE (e.g.
+        # SLURM_JOB_ID, TORCHELASTIC_RUN_ID): how an agent started beside the job finds it.
+        name, eq, value = sel[4:].partition("=")
+        if not name or not eq:
+            raise BadSelector(f"bad selector {selector!r}: env:NAME=VALUE, e.g. env:SLURM_JOB_ID=1234")
+        cands = [c for c in _candidates(_all_processes()) if c.env.get(name) == value]
+        if not cands:
+            raise NoRanks(f"no rank process on this host has {name}={value} in its environment")
+        try:
+            launcher = _nearest_launcher(psutil.Process(cands[0].pid), cands[0].key)
+        except psutil.NoSuchProcess:
+            launcher = None
+        return _build(cands, launcher, selector)
     if "," in sel:
         pids = [_int(x.strip()) for x in sel.split(",") if x.strip()]
         if not pids or any(p is None or p <= 0 for p in pids):
@@ -375,7 +389,7 @@ def _find_job(selector: str) -> Job:
         return job
     pid = _int(sel)
     if pid is None or pid <= 0:
-        raise BadSelector(f"bad selector {selector!r}: expected PID, pgid:N or PID,PID,...")
+        raise BadSelector(f"bad selector {selector!r}: expected PID, pgid:N, env:NAME=VALUE or PID,PID,...")
     proc = _process(pid)
     me = _candidate(proc)
     if me is not None:

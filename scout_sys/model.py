@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
 from typing import Any, Union
 
 from scout_sys.text import signal_name
@@ -77,9 +79,16 @@ class Job:
     layout: str = ""  # where peer_groups came from (scout_sys.topology); "" when unknown
     # Global ranks that run on other hosts: not observed here, never judged here.
     remote: tuple[int, ...] = ()
+    # Hosts of ranks in ``missing`` when they are not ``host`` (a whole-job view merged from agents).
+    missing_hosts: tuple[tuple[int, str], ...] = ()
 
-    def by_rank(self) -> dict[int, Rank]:
-        return {r.rank: r for r in self.ranks}
+    def by_rank(self) -> Mapping[int, Rank]:
+        return self._index
+
+    @cached_property
+    def _index(self) -> Mapping[int, Rank]:
+        # built once per Job (it is frozen): host_of / by_rank are called per rank by consensus
+        return MappingProxyType({r.rank: r for r in self.ranks})
 
     def groups(self) -> tuple[tuple[int, ...], ...]:
         if self.peer_groups:
@@ -88,7 +97,11 @@ class Job:
 
     def host_of(self, rank: int) -> str:
         r = self.by_rank().get(rank)
-        return r.host if r else self.host
+        return r.host if r else self._missing_hosts.get(rank, self.host)
+
+    @cached_property
+    def _missing_hosts(self) -> Mapping[int, str]:
+        return MappingProxyType(dict(self.missing_hosts))
 
 
 # --------------------------------------------------------------------------- observations
@@ -287,7 +300,7 @@ class Diagnosis:
                     d["collective"] = v.collective
             ranks.append(d)
         for m in self.job.missing:
-            ranks.append({"rank": m, "pid": None, "host": self.job.host, "local_rank": None,
+            ranks.append({"rank": m, "pid": None, "host": self.job.host_of(m), "local_rank": None,
                           "state": "exited"})
         ranks.sort(key=lambda d: d["rank"])
         return {
@@ -594,6 +607,58 @@ class DeviceSample:
             "slowdown": self.slowdown, "ecc_uncorrected": self.ecc_uncorrected}.items() if v is not None}
 
 
+@dataclass(frozen=True)
+class ProcessGroupSample:
+    """The job's process groups as learned from outside (probe: process-groups, see
+    scout_sys/probes/pgroups.py), and the group each waiting rank's last send went to."""
+
+    time: float
+    groups: tuple[tuple[int, ...], ...]  # global members of each group, sorted
+    partial: tuple[int, ...] = ()  # indices of groups with members on other hosts
+    waits_in: tuple[tuple[int, int], ...] = ()  # (rank, group index): the group it last sent to
+    notes: tuple[str, ...] = ()
+    rank: int = -1  # a job-wide record
+    source: str = "procfs"
+
+
 Observation = Union[  # noqa: UP007 (the alias above is reassigned to add the eBPF and NVML records)
-    ProcSample, StackSample, CollectiveSample, SchedSample, SignalRecord, ExitRecord, OomRecord, DeviceSample
+    ProcSample, StackSample, CollectiveSample, SchedSample, SignalRecord, ExitRecord, OomRecord, DeviceSample,
+    ProcessGroupSample,
 ]
+
+
+# ---- replay records (scout_sys/replay: one worker per device beside the job)
+
+
+@dataclass(frozen=True)
+class KernelResult:
+    """One kernel on one device: the digest of its output bits, the wall time of its repetitions in
+    the round, and whether they all gave the same bits."""
+
+    digest: str
+    seconds: float
+    stable: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"digest": self.digest, "seconds": round(self.seconds, 6), "stable": self.stable}
+
+
+@dataclass(frozen=True)
+class DeviceRound:
+    """One replay round on one device. ``device`` names it for people ("cpu/rank2", "cuda:3")."""
+
+    device: str
+    ranks: tuple[int, ...]
+    peer_kind: str  # devices that must agree bit for bit share it (model and torch build)
+    kernels: dict[str, KernelResult] = field(default_factory=dict, hash=False, compare=False)
+    error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)  # torch, capability, threads
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"device": self.device, "ranks": list(self.ranks), "peer_kind": self.peer_kind,
+                               "kernels": {k: v.to_json() for k, v in sorted(self.kernels.items())}}
+        if self.error:
+            out["error"] = self.error
+        if self.info:
+            out["context"] = dict(self.info)
+        return out

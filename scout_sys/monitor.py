@@ -34,7 +34,7 @@ from scout_sys.probes.procfs import ProcfsProbe
 from scout_sys.probes.pystack import StackDumper
 
 STARTING = "starting"
-CLOSE_TIMEOUT = 3.0  # seconds close() waits for a probe still compiling; it detaches itself after
+CLOSE_TIMEOUT = 1.0  # seconds close() waits for a probe still compiling; it detaches itself after
 
 
 
@@ -93,9 +93,14 @@ class Monitor:
         """Some probe is still starting (compiling)."""
         return any(v == STARTING for v in self.probe_status.values())
 
-    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+    def close(self, timeout: float = CLOSE_TIMEOUT, *, background: bool = False) -> None:
         """Detach every probe. Never waits forever: a probe still compiling after ``timeout`` detaches
-        itself when it is done (and its perf-event fds close with this process anyway)."""
+        itself when it is done (and its perf-event fds close with this process anyway).
+
+        ``background``: for a person waiting for the prompt (``q`` in the dashboard). Unregistering a
+        uprobe costs the kernel about 0.1 s each (an RCU grace period), seconds for the collective
+        probe's dozens; a short-lived child that holds the same perf-event fds detaches them while
+        this process exits at once (the probes stay attached those few seconds longer)."""
         with self._lock:
             self._closing = True
         if self._bg is not None:
@@ -103,6 +108,10 @@ class Monitor:
             self._bg = None
         with self._lock:
             started, self._started = self._started, []
+        if background:
+            slow = [p for p in started if hasattr(p, "handoff")]
+            if slow and detach_in_child(slow):
+                started = [p for p in started if p not in slow]
         for p in reversed(started):
             try:
                 p.close()  # type: ignore[attr-defined]
@@ -224,6 +233,39 @@ class Monitor:
         return d
 
 
+def detach_in_child(probes: Sequence[object]) -> bool:
+    """Fork a child (its own session, no terminal) that detaches ``probes`` once this process has
+    exited; this process forgets them without detaching. Whoever drops the last reference to a perf
+    event pays for its unregistration, so the child waits (on a pipe this process holds open until it
+    exits) before closing its copies. False (nothing done) when the fork fails."""
+    import os
+
+    try:
+        r, w = os.pipe()
+        pid = os.fork()
+    except OSError:
+        return False
+    if pid == 0:  # the child: only this thread exists here
+        try:
+            os.close(w)
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.read(r, 1)  # EOF: the parent has exited (or closed its end)
+            for p in probes:
+                try:
+                    p.close()  # type: ignore[attr-defined]
+                except Exception:  # noqa: BLE001, S110 - detaching is best effort; our exit closes the rest
+                    pass
+        finally:
+            os._exit(0)
+    os.close(r)  # ``w`` stays open until this process exits
+    for p in probes:
+        p.handoff()  # type: ignore[attr-defined]
+    return True
+
+
 def _check_stack_permission(obs: Sequence[Observation]) -> None:
     """No stack of any rank could be read for lack of permission: say so instead of guessing."""
     stacks = [o for o in obs if isinstance(o, StackSample)]
@@ -286,5 +328,6 @@ def default_extra_probes() -> list[Probe]:
 def default_probes(ebpf: bool = True) -> list[Probe]:
     """Every probe beyond procfs and stacks: GPU telemetry, and the kernel probes when asked."""
     from scout_sys.probes.nvml import NvmlProbe
+    from scout_sys.probes.pgroups import ProcessGroupProbe
 
-    return [NvmlProbe(), *(default_extra_probes() if ebpf else [])]
+    return [NvmlProbe(), ProcessGroupProbe(), *(default_extra_probes() if ebpf else [])]

@@ -70,9 +70,19 @@ def test_rank_behind_while_majority_waits() -> None:
 
 
 def test_skew_without_waiting_majority_is_not_desync() -> None:
-    obs = [sample(r, [ar(s) for s in range(1, 9)], inside=False) for r in (0, 1, 3)]
-    obs.append(sample(2, [ar(s) for s in range(1, 8)]))
+    # the majority entered #8 half a second ago and is not inside it: ordinary skew between ranks
+    obs = [sample(r, [ar(s) for s in range(1, 9)], inside=False, t=18.5) for r in (0, 1, 3)]
+    obs.append(sample(2, [ar(s) for s in range(1, 8)], t=18.5))
     assert desync.analyze(job(4), obs) == []
+
+
+def test_async_majority_quiet_for_long_names_the_rank_behind() -> None:
+    # the GPU shape: #8 was only enqueued (never "inside"); nobody issued anything for QUIET_ASYNC s
+    t = 18.0 + desync.QUIET_ASYNC + 0.5
+    obs = [sample(r, [ar(s) for s in range(1, 9)], inside=False, t=t) for r in (0, 1, 3)]
+    obs.append(sample(2, [ar(s) for s in range(1, 8)], t=t))
+    (inc,) = desync.analyze(job(4), obs)
+    assert (inc.kind, inc.status, inc.ranks) == (DESYNC, ATTRIBUTED, (2,)) and "behind" in inc.summary
 
 
 def test_scales_to_10k_ranks() -> None:

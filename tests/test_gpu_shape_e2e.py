@@ -32,7 +32,8 @@ def test_demo_gpu_shape_each_fault_is_named(start_job, sync, fault, rank, kind):
     job.wait_fault()
     time.sleep(SETTLE)
     rc, d = diagnose_json(job.pid)
-    assert rc == 1, d
+    states = {r["rank"]: (r["state"], r.get("where")) for r in d["job"]["ranks"]}
+    assert rc == 1, (states, d["notes"])
     assert origins(d) == [(kind, "attributed", [rank])], d["incidents"]
     states = {r["rank"]: r["state"] for r in d["job"]["ranks"]}
     # the witnesses wait at the sync point, outside any collective frame
@@ -106,8 +107,8 @@ def test_desync_in_the_gpu_shape_is_named_from_the_collective_sequence(start_job
 def test_two_node_job_seen_from_node_0_never_blames_a_local_rank(tmp_path):
     """Two torchrun launchers on one machine (static rendezvous), 2 ranks each; rank 3 (node 1) hangs."""
     port = free_port()
-    jobs = [DemoJob(2, fault="hang", fault_rank=3, args=["--sync", "spin"], port=port,
-                    torchrun_args=["--nnodes", "2", "--node-rank", str(k)]) for k in (0, 1)]
+    jobs = [DemoJob(2, fault="hang", fault_rank=3, args=["--sync", "spin"], port=port, nnodes=2, node_rank=k)
+            for k in (0, 1)]
     try:
         for j in jobs:
             j.start()

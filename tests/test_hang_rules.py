@@ -316,3 +316,19 @@ def test_two_ranks_spinning_and_stuck_elsewhere_are_inconclusive():
 def test_location_ignores_transient_comprehension_frames():
     assert hang.location_of(SPIN_B) == hang.location_of(SPIN_A) == hang.location_of(SPIN_LINE)
     assert hang.location_of(SLEEPING) != hang.location_of(SPIN_A)
+
+
+def test_a_torn_read_of_a_spinning_rank_does_not_make_it_move():
+    # py-spy --nonblocking reads a spinning rank's frames while it runs: now and then only the innermost
+    # generator frame comes back, without its callers
+    torn = _stack(("wait_for_buckets.<locals>.<genexpr>", TRAIN, 151))
+    obs = []
+    for r in range(4):
+        if r == 1:
+            obs += _rank_obs(r, stacks=SLEEPING)
+        else:
+            stacks = [SPIN_A, SPIN_B, torn if r == 3 else SPIN_A, SPIN_A, SPIN_B]
+            obs += _rank_obs(r, stacks=stacks, status="running", main_cpu_per_s=0.95, cpu_per_s=1.0)
+    incidents, acts, _ = _analyze(_job(4), obs)
+    assert acts[3].state == "busy"
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("hang", "attributed", (1,))]

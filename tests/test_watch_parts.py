@@ -144,6 +144,20 @@ def test_progress_stack_still_at_one_place_is_the_spin_signal_without_ebpf():
     assert p.majority(range(4), 4, T0 + 8) == (8.0, STACK)
 
 
+def test_progress_a_waiter_inside_a_collective_is_judged_by_its_main_thread():
+    # a healthy Gloo job whose ranks wait for a slow peer: every sample shows the same all_reduce line,
+    # but the main thread wakes up each step (a collective completed): that is progress
+    c10d = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    p = Progress()
+    for i in range(6):
+        t = T0 + 2 * i
+        frames = (Frame(function="all_reduce", file=c10d, line=2800), Frame(function="main", file="/j/train.py", line=9))
+        p.observe([StackSample(time=t, rank=0, pid=100, threads=(ThreadStack(tid=100, name="MainThread", active=False,
+                                                                            frames=frames),))], t)
+        p.observe([_proc(0, t, last_ran=t - 0.5)], t)
+    assert p.stalled(0, T0 + 10) == (0.5, MAIN_THREAD)
+
+
 def test_progress_collective_sequence_is_primary_when_seen():
     p = Progress()
     for i in range(6):
@@ -169,6 +183,10 @@ def test_rotation_reads_every_rank_within_its_period():
     rot = Rotation(period=2.0, interval=0.5)
     seen = [rot.take([0, 1, 2, 3]) for _ in range(4)]  # 4 polls = 2 s
     assert sorted(r for s in seen for r in s) == [0, 1, 2, 3]
+    rot = Rotation(period=4.0, interval=0.5)
+    assert [len(rot.take(list(range(8)))) for _ in range(8)] == [1] * 8  # 8 ranks: one dump a poll
+    slow = [rot.take([0, 1, 2, 3], slow=True) for _ in range(10)]  # eBPF sees progress: dashboard only
+    assert sum(map(len, slow)) == 2
     rot = Rotation(period=2.0, interval=0.5, max_per_poll=4)
     assert len(rot.take(list(range(64)))) == 4  # bounded per poll
     assert Rotation().take([]) == []
@@ -287,3 +305,17 @@ def test_inconclusive_and_attributed_hangs_are_distinct_incidents():
     book = IncidentBook()
     ev = book.reconcile([_hang(2), _hang(0, status=INCONCLUSIVE)], T0, frozenset({HANG}))
     assert len(ev) == 2 and {e.incident.status for e in ev} == {ATTRIBUTED, INCONCLUSIVE}
+
+
+# ---------------------------------------------------------------- views (for people)
+
+def test_views_keep_the_last_place_and_take_the_state_from_proc():
+    from scout_sys.watch.views import Views
+
+    v = Views()
+    v.from_stacks([_stack(1, T0, fn="load_batch")])
+    assert v.views[1].where.endswith("load_batch") and v.stacks[1][0].endswith("load_batch")
+    v.from_procs([_proc(1, T0 + 5, status="stopped")], T0 + 5)
+    assert v.views[1].state == "stopped" and v.views[1].where.endswith("load_batch")
+    v.from_procs([ProcSample(time=T0 + 6, rank=1, pid=101, status="gone")], T0 + 6)
+    assert v.views[1].state == "exited"

@@ -31,8 +31,12 @@ from scout_sys.model import (
     Job,
     Observation,
 )
+from scout_sys.text import ranks_text
 
 MIN_WAIT = 1.0  # seconds the majority must have been inside the collective for rule 2
+# The GPU shape: an asynchronous collective returns at once, so nobody is "inside" it; a majority that
+# has issued nothing for this long, all at the same position, waits for it just the same.
+QUIET_ASYNC = 3.0
 
 
 def latest(obs: Sequence[Observation]) -> dict[tuple[str, int], CollectiveSample]:
@@ -55,10 +59,6 @@ def analyze(job: Job, obs: Sequence[Observation], *, min_wait: float = MIN_WAIT)
             if len(group) >= 2:
                 out.extend(_analyze(job, pg, group, min_wait))
     return out
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def _fp_evidence(rank: int, s: CollectiveSample, f: Fingerprint | None, note: str = "") -> Evidence:
@@ -86,13 +86,13 @@ def _analyze(job: Job, pg: str, group: dict[int, CollectiveSample], min_wait: fl
         if v.status == c3.ATTRIBUTED:
             maj = by_seq[v.majority[0]][pos]
             ev = [_fp_evidence(r, group[r], by_seq[r][pos], "differs") for r in v.minority]
-            ev.append(Evidence("ebpf", f"{_ranks_text(v.majority)} {pg}: {maj.describe()}",
+            ev.append(Evidence("ebpf", f"{ranks_text(v.majority)} {pg}: {maj.describe()}",
                                data={"group": pg, "ranks": list(v.majority), "fingerprint": maj.to_json()}))
             diff = "; ".join(f"rank {r}: {by_seq[r][pos].describe()}" for r in v.minority)
             return [Incident(
                 kind=DESYNC, status=ATTRIBUTED, ranks=v.minority, hosts=hosts(v.minority),
                 since=min(by_seq[r][pos].time for r in v.minority),
-                summary=(f"{_ranks_text(v.minority)} called a different collective at {pg} #{pos}: "
+                summary=(f"{ranks_text(v.minority)} called a different collective at {pg} #{pos}: "
                          f"{diff}; the other {len(v.majority)} called {maj.describe()}"),
                 evidence=tuple(ev))]
         return [Incident(
@@ -101,12 +101,13 @@ def _analyze(job: Job, pg: str, group: dict[int, CollectiveSample], min_wait: fl
             summary=f"ranks disagree on the collective at {pg} #{pos} and no strict majority agrees",
             evidence=tuple(_fp_evidence(r, group[r], by_seq[r][pos]) for r in sorted(group)))]
 
-    # Rule 2: a strict majority waits inside the same collective; who is elsewhere in the sequence.
+    # Rule 2: a strict majority waits in the same collective (inside it, or, asynchronous, issued and
+    # nothing since); who is elsewhere in the sequence.
     v = c3.vote({r: s.seq for r, s in group.items()})
     if v.status != c3.ATTRIBUTED:
         return []
-    waiting = [r for r in v.majority if group[r].inside and group[r].last_enter is not None
-               and group[r].time - group[r].last_enter >= min_wait]
+    waiting = [r for r in v.majority if group[r].last_enter is not None
+               and group[r].time - group[r].last_enter >= (min_wait if group[r].inside else max(min_wait, QUIET_ASYNC))]
     if 2 * len(waiting) <= len(group):
         return []
     seq = v.signature
@@ -117,13 +118,13 @@ def _analyze(job: Job, pg: str, group: dict[int, CollectiveSample], min_wait: fl
     ev = [_fp_evidence(r, group[r], group[r].last,
                        "behind" if r in behind else "ahead") for r in v.minority]
     ev.append(Evidence(
-        "ebpf", f"{_ranks_text(waiting)} waiting in {pg} " + (maj_fp.describe() if maj_fp else f"#{seq}")
+        "ebpf", f"{ranks_text(waiting)} waiting in {pg} " + (maj_fp.describe() if maj_fp else f"#{seq}")
         + f" since {since:.3f}", data={"group": pg, "ranks": list(waiting), "seq": seq}))
     parts = []
     if behind:
-        parts.append(f"{_ranks_text(behind)} behind (at " + ", ".join(f"#{group[r].seq}" for r in behind) + ")")
+        parts.append(f"{ranks_text(behind)} behind (at " + ", ".join(f"#{group[r].seq}" for r in behind) + ")")
     if ahead:
-        parts.append(f"{_ranks_text(ahead)} ahead (at " + ", ".join(f"#{group[r].seq}" for r in ahead) + ")")
+        parts.append(f"{ranks_text(ahead)} ahead (at " + ", ".join(f"#{group[r].seq}" for r in ahead) + ")")
     return [Incident(
         kind=DESYNC, status=ATTRIBUTED, ranks=v.minority, hosts=hosts(v.minority), since=since,
         summary=(f"{' and '.join(parts)} in the {pg} collective sequence while "

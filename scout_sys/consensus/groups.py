@@ -83,7 +83,8 @@ def across(job: Job, groups: Sequence[Sequence[int]], found: Sequence[tuple[Sequ
     """Reconcile per-group findings (``found``: (group, its incidents)). See the module docstring."""
     incidents = [i for _, inc in found for i in inc]
     notes: list[str] = []
-    group_of = {r: tuple(g) for g in groups for r in g}
+    group_of = {r: gt for gt in map(tuple, groups) for r in gt}
+    coords = coords_of(job)
     if len(groups) > 1:
         if not any(i.status == ATTRIBUTED for i in incidents):
             # 1. job-wide vote: waiting ranks of every group are witnesses alike.
@@ -114,22 +115,22 @@ def across(job: Job, groups: Sequence[Sequence[int]], found: Sequence[tuple[Sequ
                 if i in origins and not waiting_desync:
                     keep.append(i)
                 elif (common and (in_other or not i.ranks)) or waiting_desync:
-                    witness_ev.append(_witness_evidence(job, i, origins[0]))
+                    witness_ev.append(_witness_evidence(coords, i, origins[0]))
                 else:
                     keep.append(i)
             if witness_ev:
                 first = origins[0]
                 keep = [replace(k, evidence=k.evidence + tuple(witness_ev)) if k is first else k for k in keep]
             incidents = keep
-    return [_with_coords(job, i, group_of, layout) for i in incidents], notes
+    several = len({gt for gt in map(tuple, groups) if gt}) > 1  # each group hashed once, not once per rank
+    return [_with_coords(i, group_of, layout, coords, several) for i in incidents], notes
 
 
 def _add(i: Incident, e: Evidence) -> Incident:
     return replace(i, evidence=i.evidence + (e,))
 
 
-def _witness_evidence(job: Job, i: Incident, origin: Incident) -> Evidence:
-    coords = coords_of(job)
+def _witness_evidence(coords: Mapping[int, tuple[tuple[str, int], ...]], i: Incident, origin: Incident) -> Evidence:
     who = ", ".join(f"rank {r}" + (f" ({_ctext(coords[r])})" if r in coords else "") for r in i.ranks)
     head = f"{who}: " if who else ""
     return Evidence("stack", f"{head}{i.summary} — a witness of rank{'s' if len(origin.ranks) > 1 else ''} "
@@ -137,9 +138,9 @@ def _witness_evidence(job: Job, i: Incident, origin: Incident) -> Evidence:
                     data={"witness_of": list(origin.ranks), "ranks": list(i.ranks), "was": i.kind})
 
 
-def _with_coords(job: Job, i: Incident, group_of: Mapping[int, tuple[int, ...]], layout: str) -> Incident:
-    coords = coords_of(job)
-    if not i.ranks or (not coords and len(set(group_of.values())) <= 1):
+def _with_coords(i: Incident, group_of: Mapping[int, tuple[int, ...]], layout: str,
+                 coords: Mapping[int, tuple[tuple[str, int], ...]], several_groups: bool) -> Incident:
+    if not i.ranks or (not coords and not several_groups):
         return i  # one group of every rank and no layout: nothing to say about places
     ev = []
     for r in i.ranks:

@@ -22,10 +22,13 @@ Pure: no I/O, no clocks.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
 
-from scout_sys.consensus import c3
+from scout_sys.consensus import c3, waitfor
 from scout_sys.consensus import groups as peer_groups
 from scout_sys.consensus.patterns import CollectiveWait, collective_of
 from scout_sys.model import (
@@ -108,6 +111,27 @@ class Activity:
         )
 
 
+@lru_cache(maxsize=4096)
+def _described(frames: tuple) -> tuple[tuple[str, ...], str, tuple[tuple[str, str], ...]]:
+    """(frame texts, where, function-level location) of a stack, cached by stack: thousands of ranks
+    show a few distinct stacks."""
+    return tuple(frame_text(f) for f in frames), where_text(frames), location_of(frames)
+
+
+def untorn(samples: list[tuple[StackSample, Any]]) -> list[tuple[StackSample, Any]]:
+    """Drop torn reads. ``py-spy --nonblocking`` reads a running rank's frames without stopping it; a
+    rank that spins through a poll loop creates and frees frames all the time, and about one read in
+    two hundred comes back truncated (only the innermost frames, no callers). Such a read has another
+    outermost frame than the rank's other reads: keep the reads that share the most common one."""
+    if len(samples) < 3:
+        return samples
+    roots = Counter((m.frames[-1].file, m.frames[-1].function) for _, m in samples)
+    root, n = roots.most_common(1)[0]
+    if 2 * n <= len(samples):
+        return samples
+    return [(s, m) for s, m in samples if (m.frames[-1].file, m.frames[-1].function) == root]
+
+
 def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSample]) -> Activity:
     """One rank's window → its Activity."""
     procs = sorted(procs, key=lambda p: p.time)
@@ -132,12 +156,12 @@ def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSamp
         wrote = max(0, live[-1].write_chars - live[0].write_chars)
     base.update(cpu=cpu, main_cpu=main_cpu, wrote=wrote, last_ran=last.main_last_ran)
 
-    # A dump that caught the main thread between Python frames (no frame at all) says nothing.
-    good = [(s, m) for s in stacks if s.error is None and (m := s.main()) is not None and m.frames]
+    # A dump that caught the main thread between Python frames (no frame at all) says nothing; nor does
+    # a torn one (below).
+    good = untorn([(s, m) for s in stacks if s.error is None and (m := s.main()) is not None and m.frames])
     latest = good[-1][1] if good else None
     if latest is not None:
-        base["stack"] = tuple(frame_text(f) for f in latest.frames)
-        base["where"] = where_text(latest.frames)
+        base["stack"], base["where"], _ = _described(latest.frames)
     errors = [s.error for s in stacks if s.error]
     if errors and not good:
         base["stack_error"] = errors[-1]
@@ -152,7 +176,7 @@ def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSamp
         return Activity(state="unknown", **base)
 
     waits = [collective_of(t.frames) for _, t in good]
-    locs = [location_of(t.frames) for _, t in good]
+    locs = [_described(t.frames)[2] for _, t in good]
     base["location"] = locs[-1]
     off_cpu = main_cpu is None or main_cpu < WAIT_MAX_MAIN_CPU
     w0 = waits[-1]
@@ -231,7 +255,13 @@ _KIND_OF_STATE = {"exited": PROCESS_EXIT, "stopped": PROCESS_STALL, "disk-sleep"
 def analyze(job: Job, obs: Sequence[Observation], *, window: tuple[float, float]) -> tuple[
         list[Incident], dict[int, Activity], list[str]]:
     """Hang findings for every peer group. Returns (incidents, activity per rank, notes)."""
-    acts = activities(job, obs)
+    return analyze_activities(job, activities(job, obs), window=window, obs=obs)
+
+
+def analyze_activities(job: Job, acts: dict[int, Activity], *, window: tuple[float, float],
+                       obs: Sequence[Observation] = ()) -> tuple[list[Incident], dict[int, Activity], list[str]]:
+    """:func:`analyze` from per-rank activities already summarised (e.g. by the agent on each host).
+    ``obs`` may carry the learned process groups (probes/pgroups.py) for the wait-for graph."""
     notes: list[str] = []
     groups, layout = job.groups(), job.layout or "peer groups given with the job"
     if not job.peer_groups:  # layout unknown: group by the shape of activity (consensus/groups.py)
@@ -245,7 +275,9 @@ def analyze(job: Job, obs: Sequence[Observation], *, window: tuple[float, float]
         found.append((group, inc))
         notes += nts
     incidents, nts = peer_groups.across(job, groups, found, acts, _analyze_group, window, layout)
-    return incidents, acts, notes + nts
+    # No origin from the peer-group vote: follow who waits for whom over the learned process groups.
+    incidents, wf_notes = waitfor.resolve(job, obs, acts, incidents, _attribute, window)
+    return incidents, acts, notes + nts + wf_notes
 
 
 def _since(acts: Sequence[Activity], default: float) -> float:

@@ -10,6 +10,7 @@ wrapper's name).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from scout_sys.model import Frame
 from scout_sys.text import short_path
@@ -115,8 +116,10 @@ class CollectiveWait:
         return f"{self.op} at {self.site}"
 
 
+@lru_cache(maxsize=4096)
 def collective_of(frames: tuple[Frame, ...]) -> CollectiveWait | None:
-    """The collective a stack (innermost first) is in, or None."""
+    """The collective a stack (innermost first) is in, or None. Cached by stack: the ranks of a job
+    show few distinct stacks, sampled again and again (a pure function of frozen frames)."""
     op_at = wrap_at = None
     for i, f in enumerate(frames):
         p = _match(f)

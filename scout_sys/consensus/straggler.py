@@ -229,16 +229,20 @@ def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any])
     ``WAITED_MIN`` of the samples, in a collective (Gloo) or at their common sync point (the GPU shape).
     Only a rank that progresses itself (``running``, not writing a checkpoint) counts: a stuck one is a
     hang. Returns rank -> (samples in which the majority waited, samples, where they waited)."""
-    from scout_sys.consensus.hang import WRITE_PROGRESS_BYTES, location_of
+    from scout_sys.consensus.hang import WRITE_PROGRESS_BYTES, location_of, untorn
     from scout_sys.consensus.patterns import collective_of
 
-    stacks: dict[int, list[Any]] = {}
+    reads: dict[int, list[Any]] = {}
     for o in sorted((o for o in obs if isinstance(o, StackSample) and not o.native and o.error is None),
                     key=lambda s: s.time):
         main = o.main()
         if main is not None and main.frames:
+            reads.setdefault(o.rank, []).append((o, main))
+    stacks: dict[int, list[Any]] = {}
+    for rank, rs in reads.items():
+        for _o, main in untorn(rs):
             w = collective_of(main.frames)
-            stacks.setdefault(o.rank, []).append(("coll", w.op, w.site) if w else ("place", location_of(main.frames)))
+            stacks.setdefault(rank, []).append(("coll", w.op, w.site) if w else ("place", location_of(main.frames)))
     out: dict[int, tuple[int, int, str]] = {}
     for group in job.groups():
         ranks = [r for r in group if len(stacks.get(r, ())) >= 3]

@@ -50,14 +50,15 @@ class DemoJob:
     ``launcher``: ``torchrun`` (python -m torch.distributed.run) or ``shell`` (one plain process
     per rank under ``bash``, with RANK / WORLD_SIZE / MASTER_* set by the script).
     ``module`` / ``script``: what each rank runs (default: the demo trainer).
+    ``nnodes`` / ``node_rank`` / ``port``: one node's launcher of a multi-node torchrun job (static
+    rendezvous on 127.0.0.1:``port``); start one DemoJob per node rank with the same port.
     """
 
     def __init__(self, nproc: int = 4, *, fault: str = "none", fault_rank: int = 2, fault_step: int = 5,
                  launcher: str = "torchrun", args: list[str] | None = None, script: str | None = None,
                  module: str = "scout_sys.demo.train", torchrun_args: list[str] | None = None,
-                 python: str | None = None, env: dict[str, str] | None = None, port: int | None = None) -> None:
-        """``port``: the rendezvous port (default: a free one); launchers of one multi-node job
-        (``torchrun_args=["--nnodes", "2", "--node-rank", "K"]``) share it."""
+                 python: str | None = None, env: dict[str, str] | None = None, nnodes: int = 1,
+                 node_rank: int = 0, port: int | None = None) -> None:
         self.nproc = nproc
         self.launcher = launcher
         self.id = uuid.uuid4().hex[:12]
@@ -70,6 +71,8 @@ class DemoJob:
         if launcher == "torchrun":
             tr = ["--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port",
                   str(self.port), *(torchrun_args or [])]
+            if nnodes > 1:  # one launcher of a multi-node job (run the others with the same port)
+                tr += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-backend", "static"]
             if script is None:
                 tr.append("-m")
                 target = [module]

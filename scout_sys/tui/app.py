@@ -84,6 +84,7 @@ class ScoutApp(App[int]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("d", "diagnose", "diagnose now"),
         Binding("s", "save", "save report"),
+        Binding("r", "replay", "replay now", show=False),
         Binding("slash", "filter", "filter"),
         Binding("enter", "details", "details"),
         Binding("g", "group", "hosts/peers"),
@@ -423,6 +424,16 @@ class ScoutApp(App[int]):
         box.remove_class("-visible")
         self.filter_text = ""
         self.query_one(RankGrid).focus()
+
+    def action_replay(self) -> None:
+        """Start a replay round beside the job (its sdc / straggler findings arrive as incidents)."""
+        replay_now = getattr(self.source, "replay_now", None)
+        if replay_now is None:
+            self.notify("replay needs a live job", markup=False)
+        elif replay_now():
+            self.notify("replay round started: its findings arrive as incidents", markup=False, timeout=5)
+        else:
+            self.notify("a replay round is already running (or replay is off)", markup=False)
 
     def action_diagnose(self) -> None:
         if self._diagnosing:

@@ -2,7 +2,7 @@
 
 A :class:`Source` publishes immutable snapshots: ``poll()`` runs one iteration (blocking; the app calls
 it from a worker thread, never two at once) and ``snapshot`` is the latest state. The live
-:class:`~scout_sys.monitor.Watcher` is one; :class:`ReportSource` is another that replays a saved
+:class:`~scout_sys.watch.Watcher` is one; :class:`ReportSource` is another that replays a saved
 report (``scout-sys/diagnosis/v1`` JSON, from ``diagnose --json`` or the dashboard's ``s`` key), so a
 recorded incident runs through the same path as live data.
 """

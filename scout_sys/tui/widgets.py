@@ -600,6 +600,7 @@ class TextScreen(ModalScreen[None]):
 HELP = """\
 keys
   d        diagnose now (samples the job for a few seconds, shows the verdict)
+  r        replay now: the same kernels beside every device (sdc, slow devices; docs/replay.md)
   s        save a report: JSON (scout-sys/diagnosis/v1, reopens in the dashboard) and Markdown
   /        filter ranks: 3  0-15  waiting  suspect  host:node7  (any term matches; empty: all)
   enter    details of the selected rank (grid) or incident

@@ -25,7 +25,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from scout_sys.consensus import hardware, lifecycle
-from scout_sys.consensus.patterns import collective_of
 from scout_sys.job import find_job
 from scout_sys.model import (
     DESYNC,
@@ -33,6 +32,7 @@ from scout_sys.model import (
     HARDWARE,
     PROCESS_EXIT,
     PROCESS_STALL,
+    SDC,
     STRAGGLER,
     Diagnosis,
     Event,
@@ -41,18 +41,18 @@ from scout_sys.model import (
     Job,
     Observation,
     ProcSample,
-    RankView,
     Snapshot,
     StackSample,
 )
 from scout_sys.monitor import Monitor, default_probes
-from scout_sys.text import frame_text, where_text
+from scout_sys.replay.live import ReplayPart
 from scout_sys.watch import bundle
 from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch
 from scout_sys.watch.incidents import IncidentBook
 from scout_sys.watch.progress import Progress, Rotation
 from scout_sys.watch.restart import ENDED, FOUND, SAME, RankFinder
 from scout_sys.watch.straggler import StragglerWatch
+from scout_sys.watch.views import Views
 
 if TYPE_CHECKING:
     from scout_sys.exporters import Sink
@@ -74,7 +74,10 @@ class Watcher:
     def __init__(self, selector: str, *, interval: float = 0.5, stall_after: float | None = None,
                  state_dir: str | None = None, ebpf: bool = True, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep, topology: str | None = None,
-                 wait_ranks: float | None = None, stack_period: float = 2.0) -> None:
+                 wait_ranks: float | None = None, stack_period: float = 4.0, replay: bool = True,
+                 replay_every: float | None = None) -> None:
+        """``replay``: a replay round (scout_sys/replay) when a straggler is confirmed, to tell a slow
+        device from a slow network or input; ``replay_every``: also one every so many seconds."""
         self.selector = selector
         self.interval = interval
         self.state_dir = state_dir or bundle.default_state_dir()
@@ -87,6 +90,9 @@ class Watcher:
         self.rotation = Rotation(period=stack_period, interval=interval)
         self.stragglers = StragglerWatch()
         self.book = IncidentBook()
+        self.replay_on, self.replay_every = replay, replay_every
+        self.replay: ReplayPart | None = None
+        self._replayed: list[Incident] = []  # the last replay session's findings (sdc, straggler)
         self.monitor: Monitor | None = None
         self.job: Job | None = None
         self.started = 0.0
@@ -95,8 +101,7 @@ class Watcher:
         self.ended = False
         self.snapshot: Snapshot | None = None
         self._obs: deque[Observation] = deque()
-        self._views: dict[int, RankView] = {}
-        self._stacks: dict[int, tuple[str, ...]] = {}
+        self.views = Views()
         self._devices: dict[int, dict[str, object]] = {}
         self._notes: list[str] = []
         self._bundle: str | None = None
@@ -134,11 +139,21 @@ class Watcher:
         self.stragglers.every.reset(now)
         self.monitor = Monitor(job, extra_probes=default_probes(self.ebpf), clock=self.clock, sleep=self.sleep)
         self.monitor.start()
+        if self.replay is not None:
+            self.replay.close()
+        self.replay = ReplayPart(job, every=self.replay_every, state_dir=self.state_dir, started=now) \
+            if self.replay_on or self.replay_every else None
+        self._replayed = []
         self._publish()
 
-    def close(self) -> None:
+    def close(self, *, background: bool = False) -> None:
+        """Detach every probe (``background``: let a short-lived child do the slow part, see
+        :meth:`Monitor.close`)."""
+        if self.replay is not None:
+            self.replay.close()  # its workers are gone when this returns
+            self.replay = None
         if self.monitor is not None:
-            self.monitor.close()
+            self.monitor.close(background=background)
             self.monitor = None
 
     def __enter__(self) -> Watcher:
@@ -204,7 +219,7 @@ class Watcher:
                 events += self.book.reconcile(lifecycle.analyze(job, list(self._obs)), now, frozenset())
             elif found.status == FOUND and found.job is not None:
                 self._notes.append(found.note)
-                self._views = {}
+                self.views.clear()
                 self._bind(found.job, now)
             if found.status != SAME:  # ended, restarted, or new ranks still starting: judge nothing now
                 self._publish()
@@ -213,9 +228,14 @@ class Watcher:
         events += self._hang_step(procs, now)
         self._devices = {r: d.to_json() for r, d in hardware.latest(batch).items()} or self._devices
         events += self.book.reconcile(hardware.analyze(job, batch), now, frozenset({HARDWARE}))
+        events += self._replay_step(now)
         if self.stragglers.due(now):
-            events += self.book.reconcile(self.stragglers.round(job, list(self._obs), now), now,
-                                          frozenset({STRAGGLER}))
+            found = self.stragglers.round(job, list(self._obs), now)
+            if self.replay is not None:  # what the last replay says of the device of each straggler
+                found = [replace(f, evidence=f.evidence + (ev,)) if (ev := self.replay.explain(f)) else f
+                         for f in found]
+            found += [f for f in self._replayed if f.kind == STRAGGLER]
+            events += self.book.reconcile(found, now, frozenset({STRAGGLER}))
         self._publish()
         return events
 
@@ -249,8 +269,26 @@ class Watcher:
             # a rank that died, seen by eBPF, while the rest has not stalled yet
             findings = [f for f in lifecycle.analyze(job, list(self._obs))
                         if f.ranks and all(any(p.rank == r and not p.alive for p in procs) for r in f.ranks)]
-            self._light_views(procs, now)
+            self.views.from_procs(procs, now)
         return self.book.reconcile(findings, now, HANG_KINDS, on_open=self._on_open)
+
+    def _replay_step(self, now: float) -> list[Event]:
+        """Start a replay round when one is due (a new straggler, or --replay-every); keep the last
+        finished round's findings as this poll's sdc findings (its stragglers join the straggler round)."""
+        if self.replay is None:
+            return []
+        before = self.replay.last
+        found = self.replay.step(now, list(self.book.open.values()))
+        if self.replay.last is not before:
+            self._replayed = found
+        if self.replay.last_error:
+            self._notes.append(f"replay round failed: {self.replay.last_error}")
+            self.replay.last_error = None
+        return self.book.reconcile([f for f in self._replayed if f.kind == SDC], now, frozenset({SDC}))
+
+    def replay_now(self) -> bool:
+        """Start a replay round now (the dashboard's key); False when one runs already or replay is off."""
+        return self.replay is not None and self.replay.request("asked for", self.clock())
 
     # ------------------------------------------------------------------ pieces
     def _remember(self, batch: Sequence[Observation], now: float) -> None:
@@ -262,17 +300,9 @@ class Watcher:
         """A few live ranks' stacks, in turn: cheap progress for the spin shape, and the dashboard's stacks."""
         assert self.monitor is not None
         live = [p.rank for p in procs if p.alive and not _dead(p)]
-        samples = self.monitor.stacks.dump(set(self.rotation.take(live)))
-        for s in samples:
-            main = s.main()
-            if main is None or s.error or not main.frames:
-                continue
-            self._stacks[s.rank] = tuple(frame_text(f) for f in main.frames)
-            old = self._views.get(s.rank)
-            w = collective_of(main.frames)
-            self._views[s.rank] = RankView(rank=s.rank, state=old.state if old else "running",
-                                           where=where_text(main.frames), collective=w.label() if w else None,
-                                           cpu_percent=old.cpu_percent if old else None, stack=self._stacks[s.rank])
+        slow = self.progress.sees_collectives(live)
+        samples = self.monitor.stacks.dump(set(self.rotation.take(live, slow=slow)))
+        self.views.from_stacks(samples)
         return samples
 
     def _confirm(self) -> list[Incident]:
@@ -284,30 +314,10 @@ class Watcher:
         self.progress.observe(obs, self.clock())
         d = self.monitor.decide([*obs, *(o for o in self._obs if not isinstance(o, (ProcSample, StackSample)))],
                                 (t0, self.clock()))
-        self._views = dict(d.views)
-        self._stacks.update({r: v.stack for r, v in d.views.items() if v.stack})
+        self.views.from_window(d)
         self._notes = list(d.notes)
         self._last_diagnosis = d
         return [i for i in d.incidents if i.kind in HANG_KINDS]
-
-    def _light_views(self, procs: Sequence[ProcSample], now: float) -> None:
-        """Per-rank state from /proc alone, keeping the last stack's place."""
-        for p in procs:
-            old = self._views.get(p.rank)
-            if not p.alive:
-                state = "exited"
-            elif p.stopped:
-                state = "stopped"
-            elif p.status == "disk-sleep":
-                state = "disk-sleep"
-            elif p.status == "running" or (p.main_last_ran is not None and now - p.main_last_ran < 1.0):
-                state = "running"
-            else:
-                state = "idle"
-            self._views[p.rank] = RankView(rank=p.rank, state=state, where=old.where if old else "",
-                                           collective=old.collective if old else None,
-                                           cpu_percent=old.cpu_percent if old else None,
-                                           stack=old.stack if old else ())
 
     def _native_dump(self, mon: Monitor) -> list[StackSample]:
         """Every rank's native stacks, for a bundle (in its thread); counted while it pauses ranks."""
@@ -338,12 +348,12 @@ class Watcher:
     def _publish(self) -> None:
         assert self.job is not None and self.monitor is not None
         self.snapshot = Snapshot(
-            time=self.clock(), started=self.started, job=self.job, views=dict(self._views),
+            time=self.clock(), started=self.started, job=self.job, views=dict(self.views.views),
             incidents=tuple(self.book.open.values()), closed=tuple(self.book.closed),
             probes=dict(self.monitor.probe_status), stall_after=self.stall_after,
             step_times={r: tuple(v) for r, v in self.stragglers.period.items()},
             wait_fractions={r: tuple(1.0 - x for x in v) for r, v in self.stragglers.busy.items()},
-            stacks=dict(self._stacks), devices=dict(self._devices), ended=self.ended, bundle=self._bundle,
+            stacks=dict(self.views.stacks), devices=dict(self._devices), ended=self.ended, bundle=self._bundle,
             notes=tuple(self._notes[-10:]), pauses=self.progress.pauses(), seqs=self.progress.seqs(),
             lost_events=self.monitor.lost_events(),
         )

@@ -60,10 +60,12 @@ class IncidentBook:
     def of_kinds(self, kinds: frozenset[str]) -> list[Incident]:
         return [i for k, i in self.open.items() if k[0] in kinds]
 
-    def reconcile(self, findings: Sequence[Incident], now: float, kinds: frozenset[str],
-                  on_open: OnOpen | None = None) -> list[Event]:
-        """This poll's ``findings`` for incidents of ``kinds``: open what is new, update what changed,
-        close what has been missing for ``close_after`` polls (only incidents of ``kinds``)."""
+    def reconcile(self, findings: Sequence[Incident], now: float, kinds: frozenset[str] | None,
+                  on_open: OnOpen | None = None, unobserved: frozenset[int] = frozenset()) -> list[Event]:
+        """This poll's ``findings`` for incidents of ``kinds`` (None: every kind): open what is new,
+        update what changed, close what has been missing for ``close_after`` polls (only incidents of
+        ``kinds``, and never one whose ranks were all ``unobserved`` this time: a monitor that could
+        not look says nothing about them)."""
         events: list[Event] = []
         seen = set()
         for f in findings:
@@ -88,7 +90,7 @@ class IncidentBook:
                 events.append(Event("incident_updated", now, inc))
             self.open[key] = inc
         for key in list(self.open):
-            if key in seen or key[0] not in kinds:
+            if key in seen or (kinds is not None and key[0] not in kinds) or (key[2] and set(key[2]) <= unobserved):
                 continue
             self._misses[key] = self._misses.get(key, 0) + 1
             if self._misses[key] >= self.close_after:

@@ -8,9 +8,13 @@
 - ``stack`` (a rotating, low-rate stack sample: :class:`Rotation`): the rank's main-thread stack has
   stayed at one place (by function) in every sample. Works without eBPF for the spin shape.
 
-Without eBPF a rank's stall is the longer of the last two. A strict majority's stall (the
-(n//2+1)-th longest) is what the hang part compares with ``stall-after``. Pure: observations and
-``now`` in, numbers out.
+Without eBPF, a rank whose last stack sample was inside a collective frame is judged by its main
+thread alone: waking up there means a collective completed, although its stack looks the same at
+every sample (a healthy Gloo job whose ranks wait for a slow peer spends most of its time at one
+``all_reduce`` line). Any other rank's stall is the longer of the main-thread pause and the stack
+signal: a rank that wakes up outside any collective and stays at one place (a poll or a sleep loop)
+has not progressed. A strict majority's stall (the (n//2+1)-th longest) is what the hang part
+compares with ``stall-after``. Pure: observations and ``now`` in, numbers out.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from scout_sys.consensus.hang import location_of
+from scout_sys.consensus.patterns import collective_of
 from scout_sys.model import CollectiveSample, Observation, ProcSample, StackSample
 
 COLLECTIVES, MAIN_THREAD, STACK = "collectives", "main thread", "stack"
@@ -41,6 +46,8 @@ class Progress:
         self._stack: dict[int, _Run] = {}
         self._seq: dict[int, _Run] = {}
         self._seq_groups: dict[int, dict[str, int]] = {}
+        self._in_collective: dict[int, bool] = {}  # the rank's last stack sample was in a collective
+        self._root: dict[int, tuple[str, str]] = {}  # each rank's outermost frame (its main's entry)
 
     def forget(self) -> None:
         """A new set of processes (the job restarted): what the old ones did says nothing."""
@@ -57,12 +64,21 @@ class Progress:
                     self._pause[o.rank] = max(0.0, now - o.main_last_ran)
             elif isinstance(o, StackSample) and not o.native and o.error is None:
                 main = o.main()
-                if main is not None and main.frames:
-                    _advance(self._stack, o.rank, location_of(main.frames), o.time)
+                if main is None or not main.frames:
+                    continue
+                root = (main.frames[-1].file, main.frames[-1].function)
+                if self._root.setdefault(o.rank, root) != root:
+                    continue  # a torn read (consensus.hang.untorn): not the rank's whole stack
+                _advance(self._stack, o.rank, location_of(main.frames), o.time)
+                self._in_collective[o.rank] = collective_of(main.frames) is not None
             elif isinstance(o, CollectiveSample):
                 groups = self._seq_groups.setdefault(o.rank, {})
                 groups[o.group] = max(groups.get(o.group, 0), o.seq)
                 _advance(self._seq, o.rank, sum(groups.values()), o.time)
+
+    def sees_collectives(self, ranks: Sequence[int]) -> bool:
+        """The eBPF collective probe has seen every one of ``ranks``."""
+        return bool(ranks) and all(r in self._seq for r in ranks)
 
     def pauses(self) -> dict[int, float]:
         """Per rank, how long its main thread had been off CPU at the last procfs sample."""
@@ -78,6 +94,8 @@ class Progress:
         if seq is not None:
             return now - seq.since, COLLECTIVES
         pause = self._pause.get(rank, 0.0)
+        if self._in_collective.get(rank):
+            return pause, MAIN_THREAD
         stack = self._stack.get(rank)
         still = (stack.seen - stack.since) if stack is not None else 0.0
         return (pause, MAIN_THREAD) if pause >= still else (still, STACK)
@@ -102,17 +120,24 @@ def _advance(runs: dict[int, _Run], rank: int, value: object, t: float) -> None:
 
 class Rotation:
     """Which ranks' stacks to read this poll: a few per poll, in turn, so that every rank is read at
-    least every ``period`` seconds (py-spy costs about 10 ms of a CPU per dump) but never more than
-    ``max_per_poll`` at once."""
+    least every ``period`` seconds but never more than ``max_per_poll`` at once. A dump of a busy
+    PyTorch rank costs about 20 ms of a CPU: at 0.5 s polls, one a poll is about 4% of a core.
 
-    def __init__(self, period: float = 2.0, interval: float = 0.5, max_per_poll: int = 4) -> None:
+    ``slow``: the collective sequence numbers (eBPF) already say whether each rank progresses; the
+    stacks are then only for people (the dashboard), read ``SLOW`` times less often."""
+
+    SLOW = 5
+
+    def __init__(self, period: float = 4.0, interval: float = 0.5, max_per_poll: int = 4) -> None:
         self.period = period
         self.interval = interval
         self.max_per_poll = max_per_poll
         self._next = 0
+        self._polls = 0
 
-    def take(self, ranks: Sequence[int]) -> list[int]:
-        if not ranks:
+    def take(self, ranks: Sequence[int], *, slow: bool = False) -> list[int]:
+        self._polls += 1
+        if not ranks or (slow and self._polls % self.SLOW):
             return []
         per_poll = min(self.max_per_poll, len(ranks),
                        max(1, math.ceil(len(ranks) * self.interval / self.period)))

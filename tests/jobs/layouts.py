@@ -10,6 +10,8 @@
 Faults, on --fault-rank at --fault-step:
   hang    waits forever for a batch that never comes (outside any collective)
   desync  calls broadcast where its data-parallel peers all-reduce
+  tpdesync  (tp) calls broadcast in its tensor-parallel group where its partner runs the forward
+--fault-when FILE holds the fault back until FILE exists (e.g. until a watch has attached its probes).
 
 Prints "LAYOUT step N" (rank 0) and "LAYOUT fault KIND rank=R pid=P coords=..." (the bad rank).
 """
@@ -45,9 +47,11 @@ def sync_grads(params, group, rank: int, a) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layout", choices=["ddp", "fsdp", "pp", "tp"], required=True)
-    ap.add_argument("--fault", choices=["none", "hang", "desync"], default="none")
+    ap.add_argument("--fault", choices=["none", "hang", "desync", "tpdesync"], default="none")
     ap.add_argument("--fault-rank", type=int, default=2)
     ap.add_argument("--fault-step", type=int, default=3)
+    ap.add_argument("--fault-when", metavar="FILE",
+                    help="the fault comes at the first step from --fault-step on at which FILE exists")
     ap.add_argument("--step-sleep", type=float, default=0.05)
     ap.add_argument("--max-seconds", type=float, default=240)
     a = ap.parse_args()
@@ -57,6 +61,7 @@ def main() -> int:
     dist.init_process_group(backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     a.faulty = rank == a.fault_rank and a.fault != "none"
+    armed = a.fault_when is None
     coords = f"dp={rank}"
     x = torch.randn(8, 16)
 
@@ -117,7 +122,11 @@ def main() -> int:
         dp_group = mesh["dp"].get_group()
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
+        tp_group = mesh["tp"].get_group()
+
         def step_fn(step: int) -> None:
+            if a.faulty and a.fault == "tpdesync" and step == a.fault_step:
+                dist.broadcast(torch.zeros(4), src=dist.get_global_rank(tp_group, 0), group=tp_group)
             loss = model(x).pow(2).mean()
             loss.backward()
             sync_grads(list(model.parameters()), dp_group, rank, a)
@@ -126,7 +135,10 @@ def main() -> int:
 
     step = 0
     while time.time() < deadline:
-        if a.faulty and step == a.fault_step:
+        if a.faulty and not armed and step >= a.fault_step:
+            armed = os.path.exists(a.fault_when)
+            a.fault_step = step if armed else step + 1
+        if a.faulty and step == a.fault_step and armed:
             if a.fault == "hang":
                 report(a, rank, coords)
                 wait_for_batch_that_never_comes(deadline)

@@ -218,6 +218,15 @@ class BccProbe:
 
         return Health(notes=tuple(self.notes), lost=self.lost())
 
+    def handoff(self) -> None:
+        """Forget the program without detaching it: another process holding the same fds (a child
+        forked to detach them: Monitor.close(background=True)) does that."""
+        import atexit
+
+        bpf, self._bpf = self._bpf, None
+        if bpf is not None:
+            atexit.unregister(bpf.cleanup)
+
     def close(self) -> None:
         bpf, self._bpf = self._bpf, None
         if bpf is not None:

@@ -1,0 +1,142 @@
+"""Many hosts: `scout-sys agent`, `diagnose --cluster`, `watch --cluster` (scout_sys/cluster)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from scout_sys.cli.common import EXIT_INCIDENT, EXIT_OK, _job_options
+from scout_sys.errors import ScoutError
+
+# ====================================================================== many hosts (scout_sys/cluster)
+
+_AGENT_EPILOG = """\
+examples (one agent per host, like torchrun's static rendezvous; docs/cluster.md):
+  node0$ sudo scout-sys agent --job PID --store node0:29450 --nnodes 2 --node-rank 0 --token-file /etc/scout-sys/token
+  node1$ sudo scout-sys agent --job PID --store node0:29450 --nnodes 2 --node-rank 1 --token-file /etc/scout-sys/token
+  then:  scout-sys diagnose --cluster node0:29450 --token-file /etc/scout-sys/token
+
+node rank 0 hosts the store (torch.distributed TCPStore) on exactly HOST:PORT; the others connect to it.
+Runs until SIGTERM / Ctrl-C (exit 0); exit 2 on a configuration error (bad token, port in use).
+"""
+
+
+def _cluster_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", metavar="HOST:PORT", default=None,
+                   help="diagnose the whole job through the agents whose store is at HOST:PORT (docs/cluster.md)")
+    p.add_argument("--token-file", metavar="FILE", default=None,
+                   help="with --cluster: the file holding the agents' shared token (never pass the token itself)")
+
+
+def _agent_parser(sub) -> None:  # noqa: ANN001 - argparse's private subparsers type
+    a = sub.add_parser("agent", help="one per host: watch this host's ranks and meet the other hosts' agents",
+                       description="Watch this host's ranks and publish them through a c10d store shared by one "
+                                   "agent per host, for diagnose --cluster.",
+                       epilog=_AGENT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _job_options(a)
+    a.add_argument("--store", required=True, metavar="HOST:PORT", help="the store: hosted here by node rank 0")
+    a.add_argument("--nnodes", required=True, type=int, metavar="N", help="number of hosts (agents)")
+    a.add_argument("--node-rank", required=True, metavar="K",
+                   help="this host's rank among them, 0..N-1; 'auto': the GROUP_RANK of this host's ranks "
+                        "(torchrun's node rank), once they are found")
+    a.add_argument("--listen", default=None, metavar="ADDR",
+                   help="node rank 0: the address to bind the store to when the others reach it by another "
+                        "(e.g. 0.0.0.0 behind a Kubernetes Service); default: the --store host, and only it")
+    a.add_argument("--token-file", required=True, metavar="FILE", help="the shared token (same file on every host)")
+    a.add_argument("--host-name", default=None, metavar="NAME",
+                   help="the name this host's ranks carry in verdicts (default: the hostname)")
+    a.add_argument("--ebpf", action=argparse.BooleanOptionalAction, default=True,
+                   help="attach the eBPF probes in the background (default: on; --no-ebpf leaves them out)")
+
+
+def _agent(args: argparse.Namespace) -> int:
+    import signal
+    import socket
+    import threading
+
+    from scout_sys.cluster.agent import Agent
+    from scout_sys.cluster.store import parse_addr
+    from scout_sys.cluster.wire import read_token
+
+    if args.node_rank != "auto" and not args.node_rank.isdigit():
+        raise ScoutError(f"--node-rank {args.node_rank!r}: a number 0..N-1, or auto")
+    agent = Agent(args.job, parse_addr(args.store), nnodes=args.nnodes,
+                  node_rank=None if args.node_rank == "auto" else int(args.node_rank),
+                  token=read_token(args.token_file), host_name=args.host_name or socket.gethostname(),
+                  ebpf=args.ebpf, topology=args.topology, listen=args.listen)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    return agent.run(stop)
+
+
+def _diagnose_cluster(args: argparse.Namespace) -> int:
+    from scout_sys.cluster.client import ClusterClient, to_json
+    from scout_sys.cluster.store import parse_addr
+    from scout_sys.cluster.wire import read_token
+    from scout_sys.report import render
+
+    if not args.cluster or not args.token_file or args.job:
+        raise ScoutError("diagnose --cluster needs HOST:PORT and --token-file FILE, and no --job")
+    if args.native or args.ebpf or args.topology:
+        raise ScoutError("--native, --ebpf and --topology are for --job; with --cluster the agents' own options apply")
+    if args.window <= 0:
+        raise ScoutError("--window must be positive")
+    addr = parse_addr(args.cluster)
+    client = ClusterClient(addr, read_token(args.token_file))
+    try:
+        d, cluster = client.diagnose(args.window)
+    finally:
+        client.close()
+    if args.json:
+        print(json.dumps(to_json(d, cluster)))
+    else:
+        print(render(d, verbose=not args.quiet))
+        for a in cluster["agents"]:
+            print(f"agent node {a['node']} ({a['host']}): {a['state']}" + (f" - {a['detail']}" if a["detail"] else ""))
+    return EXIT_OK if d.healthy else EXIT_INCIDENT
+
+
+def _watch_cluster(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from scout_sys.cluster.client import ClusterClient
+    from scout_sys.cluster.store import parse_addr
+    from scout_sys.cluster.watch import ClusterWatcher
+    from scout_sys.cluster.wire import read_token
+    from scout_sys.report import printable
+
+    if not args.cluster or not args.token_file or args.job or args.report:
+        raise ScoutError("watch --cluster needs HOST:PORT and --token-file FILE, and no --job / --report")
+    addr, token = parse_addr(args.cluster), read_token(args.token_file)
+    first = ClusterClient(addr, token)  # a wrong token or no store: exit 2 now, not in the loop
+    clients = iter([first])
+    watcher = ClusterWatcher(lambda: next(clients, None) or ClusterClient(addr, token),
+                             stall_after=args.stall_after, interval=max(args.interval, 1.0),
+                             say=lambda t: print(f"scout-sys: {t}", file=sys.stderr, flush=True))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if not args.json:
+        print(f"watching the job through {first.nnodes} agents at {args.cluster} (events only: no dashboard for "
+              "--cluster yet); Ctrl-C to stop", flush=True)
+
+    def emit(e) -> None:  # noqa: ANN001 - an incident Event or an AgentEvent
+        if args.json:
+            print(json.dumps(e.to_json()), flush=True)
+        elif hasattr(e, "incident"):
+            inc = e.incident
+            ranks = f" rank{'s' if len(inc.ranks) > 1 else ''} {','.join(map(str, inc.ranks))}" if inc.ranks else ""
+            print(printable(f"{time.strftime('%H:%M:%S', time.localtime(e.time))} "
+                            f"{e.event.removeprefix('incident_').upper()} {inc.id} {inc.kind} ({inc.status}){ranks}"
+                            f"{' on ' + ','.join(inc.hosts) if inc.ranks else ''}: {inc.summary}"), flush=True)
+        else:
+            print(printable(f"{time.strftime('%H:%M:%S', time.localtime(e.time))} {e.event.upper()} node {e.node} "
+                            f"({e.host}) ranks {','.join(map(str, e.ranks))} {e.detail}"), flush=True)
+
+    try:
+        return watcher.run(emit, stop)
+    except KeyboardInterrupt:
+        return 1 if watcher.book.ever_opened else 0

@@ -1,0 +1,27 @@
+"""What every verb shares: exit statuses, the parser that errs in one line, the job options."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+EXIT_OK, EXIT_INCIDENT, EXIT_ERROR = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse's own convention too)
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def _job_options(p: argparse.ArgumentParser, *, required: bool = True, topology: bool = True) -> None:
+    p.add_argument("--job", required=required, metavar="SEL",
+                   help="PID of the launcher or of any rank, pgid:N, env:NAME=VALUE (ranks whose environment holds it, "
+                        "e.g. env:SLURM_JOB_ID=1234), or PID,PID,... of rank processes")
+    if not topology:
+        return
+    p.add_argument("--topology", default=None, metavar="LAYOUT",
+                   help="the parallel layout, e.g. dp=4,pp=2 or dp=2,tp=2,pp=2,order=megatron (orders: mesh "
+                        "(default: as written, last fastest), megatron, deepspeed, torchtitan; see "
+                        "docs/layouts.md). Default: read from Megatron-Core / DeepSpeed / TorchTitan command "
+                        "lines, else peer groups from the ranks' activity")

@@ -1,0 +1,173 @@
+"""`scout-sys watch`: the live job (headless lines, JSON events, the dashboard) and its sinks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from scout_sys.errors import ScoutError
+
+_WATCH_EPILOG = """\
+examples:
+  torchrun --nproc-per-node 8 train.py &                 # start the job and the watch together:
+  sudo scout-sys watch --job $! --headless --json >> incidents.jsonl   # waits for the ranks
+  sudo scout-sys watch --job 12345                       # the dashboard
+  sudo scout-sys watch --job 12345 --headless            # one line per incident event
+  sudo scout-sys watch --job 12345 --headless --json     # one JSON object per line
+  sudo scout-sys watch --job 12345 --stall-after 30      # a job with long, legitimate pauses
+  scout-sys watch --report incident.json                 # reopen a saved report in the dashboard
+  scout-sys watch --cluster node0:29450 --token-file T --json   # the whole job through its agents (docs/cluster.md)
+
+events (--json): {"event": "incident_opened" | "incident_updated" | "incident_closed",
+                  "time": <unix s>, "incident": {...same object as diagnose...}, "bundle": <path>}
+exit status: 0 the job ended without incidents, 1 incidents were opened, 2 could not watch.
+SIGINT / SIGTERM stop the watch cleanly (probes detached).
+"""
+
+
+# ---------------------------------------------------------------- watch: the cluster's tooling (exporters/)
+_EXPORT_EPILOG = """\
+
+the cluster's tooling (docs/metrics.md, examples/):
+  sudo scout-sys watch --job 12345 --prometheus 9464 --job-name llama-70b   # /metrics for Prometheus
+  sudo scout-sys watch --job 12345 --headless --on-incident examples/on-incident.sh --on-incident-user root
+  sudo scout-sys watch --job 12345 --events /var/log/scout-sys/events.jsonl  # the dashboard, and a log
+hooks get the event JSON on stdin and SCOUT_SYS_{EVENT,INCIDENT,KIND,STATUS,RANKS,HOSTS,BUNDLE}; as root
+they run as nobody unless --on-incident-user says otherwise. Bundles, reports and --events files are
+0600 in 0700 folders (--group G: 0640/0750, group G). SIGHUP reopens the --events file (log rotation).
+"""
+
+
+def _export_options(w: argparse.ArgumentParser) -> None:
+    g = w.add_argument_group("the cluster's tooling")
+    g.add_argument("--prometheus", metavar="[ADDR:]PORT",
+                   help="serve Prometheus metrics on http://ADDR:PORT/metrics (ADDR default: all interfaces)")
+    g.add_argument("--job-name", metavar="NAME", help="the metrics' job label (default: the launcher's pid)")
+    g.add_argument("--on-incident", metavar="CMD",
+                   help="run CMD (through sh) on every incident_opened, the event JSON on its stdin")
+    g.add_argument("--on-incident-all", action="store_true", help="also on incident_updated and incident_closed")
+    g.add_argument("--on-incident-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="kill a hook (its whole process group) still running after this long (default: 60)")
+    g.add_argument("--on-incident-user", metavar="USER",
+                   help="run hooks as USER (as root the default is nobody: name root to give them the watch's "
+                        "privileges)")
+    g.add_argument("--events", metavar="FILE",
+                   help="append every event as a JSON line to FILE (fsynced; SIGHUP reopens it), dashboard too")
+    g.add_argument("--group", metavar="GROUP",
+                   help="make bundles, reports and the --events file readable by GROUP (default: owner only)")
+    w.epilog = (w.epilog or "") + _EXPORT_EPILOG
+
+
+def _export_sinks(args: argparse.Namespace, say: Callable[[str], None]) -> Any:  # exporters.Sinks
+    """The sinks the options ask for, started; bad values raise ScoutError before the watch starts."""
+    import signal
+
+    from scout_sys import files
+    from scout_sys.exporters import Sinks
+
+    files.share_with_group(args.group)
+    sinks: list = []
+    try:
+        if args.events:
+            from scout_sys.exporters.events import EventsFile
+
+            events = EventsFile(args.events, say=say)
+            sinks.append(events)
+            signal.signal(signal.SIGHUP, lambda *_: events.reopen())
+        if args.on_incident:
+            from scout_sys.exporters.hooks import HookRunner
+
+            sinks.append(HookRunner(args.on_incident, timeout=args.on_incident_timeout,
+                                    all_events=args.on_incident_all, user=args.on_incident_user, say=say))
+        if args.prometheus is not None:
+            from scout_sys.exporters.prometheus import PrometheusExporter
+
+            prom = PrometheusExporter(args.prometheus, job_name=args.job_name)
+            sinks.append(prom)
+            print(f"scout-sys: metrics at {prom.url}", file=sys.stderr, flush=True)
+    except BaseException:
+        Sinks(sinks, say).close()
+        raise
+    return Sinks(sinks, say)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from scout_sys.model import Event, Job
+    from scout_sys.report import printable
+    from scout_sys.watch import Watcher
+
+    if args.interval <= 0 or any(v is not None and v <= 0 for v in (args.stall_after, args.wait_ranks,
+                                                                    args.replay_every)):
+        raise ScoutError("--interval, --stall-after, --wait-ranks and --replay-every must be positive")
+    if bool(args.job) == bool(args.report):
+        raise ScoutError("watch needs exactly one of --job SEL (a live job) or --report FILE (a saved report)")
+    if args.report:
+        from scout_sys.tui.app import run_dashboard
+        from scout_sys.tui.source import ReportSource
+
+        return run_dashboard(ReportSource(args.report))
+    dashboard = not args.headless and not args.json and sys.stdout.isatty()
+    held: deque[str] = deque(maxlen=50)  # the dashboard owns the terminal: sinks' messages wait till it closes
+    sinks = _export_sinks(args, held.append if dashboard else lambda m: print(m, file=sys.stderr, flush=True))
+    watcher = Watcher(args.job, interval=args.interval, stall_after=args.stall_after, state_dir=args.state_dir,
+                      ebpf=args.ebpf, topology=args.topology, wait_ranks=args.wait_ranks, replay=args.replay,
+                      replay_every=args.replay_every)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        watcher.start()
+        sinks.attach(watcher)
+        if dashboard:
+            try:
+                from scout_sys.tui.app import run_dashboard
+            except ImportError:
+                run_dashboard = None
+            if run_dashboard is not None:
+                try:
+                    rc = run_dashboard(watcher)
+                finally:  # the dashboard's loop restored the default handler; keep close() reachable
+                    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+                # the terminal is back: give the prompt back too, and detach the probes behind it
+                watcher.close(background=True)
+                return rc
+
+        def emit(e: Event) -> None:
+            if args.json:
+                print(json.dumps(e.to_json()), flush=True)
+                return
+            inc = e.incident
+            word = e.event.removeprefix("incident_").upper()
+            line = f"{time.strftime('%H:%M:%S', time.localtime(e.time))} {word} {inc.id} {inc.kind} ({inc.status})"
+            if inc.ranks:
+                line += f" rank{'s' if len(inc.ranks) > 1 else ''} {','.join(map(str, inc.ranks))}"
+            print(printable(f"{line}: {inc.summary}"), flush=True)
+            if e.bundle:
+                print(printable(f"  evidence saved to {e.bundle}"), flush=True)
+
+        def on_job(job: Job) -> None:
+            if not args.json:
+                print(f"watching {job.world_size} ranks ({len(job.ranks)} on {job.host}), launcher {job.launcher} "
+                      f"pid {job.launcher_pid}; Ctrl-C to stop", flush=True)
+
+        if watcher.job is None:
+            print(f"scout-sys: {watcher.waiting}", file=sys.stderr, flush=True)
+        try:
+            rc = watcher.run(emit, stop, on_job=on_job)
+        except KeyboardInterrupt:
+            rc = 1 if watcher.ever_opened else 0
+        if not args.json:
+            print("job ended" if watcher.ended else "watch stopped", flush=True)
+        return rc
+    finally:
+        watcher.close()
+        sinks.close()
+        for m in held:
+            print(m, file=sys.stderr)

@@ -1,0 +1,214 @@
+"""``scout-sys certify``: may a job restart from these checkpoints?
+
+Per checkpoint (a file, a DCP folder, or a folder of per-rank files):
+
+- **content**: every file readable without running code, complete, every floating tensor finite;
+  replicas (files of one folder with the same tensor names, shapes and dtypes, as DDP ranks each
+  saving the model) equal tensor by tensor: files outside a strict majority are ``divergent``, two
+  replicas that differ have no majority and are rejected together;
+- **coverage** (the replay ledger): a complete clean replay round between the previous checkpoint
+  (the newest older sibling) and this one.
+
+``certified``: clean content and covered; ``rejected``: bad content, or sdc / inconclusive replay
+rounds in that interval; ``unverified``: clean content, no covering round.
+Output: one ``scout-sys/certificate/v1`` object (docs/replay.md).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from scout_sys.consensus import c3
+from scout_sys.errors import ScoutError
+from scout_sys.replay import checkpoint as ck
+from scout_sys.replay import ledger
+from scout_sys.report import printable
+
+SCHEMA = "scout-sys/certificate/v1"
+CERTIFIED, UNVERIFIED, REJECTED = "certified", "unverified", "rejected"
+_STEP = re.compile(r"(?:global_step|step|iter|iteration|ckpt|checkpoint|epoch)[-_]?(\d+)", re.I)
+
+
+def step_of(path: str) -> int | None:
+    parts = os.path.normpath(os.path.abspath(path)).split(os.sep)
+    for part in reversed(parts):
+        m = _STEP.search(part)
+        if m:
+            return int(m.group(1))
+    m = re.search(r"(\d+)(?:\.\w+)?$", parts[-1])
+    return int(m.group(1)) if m else None
+
+
+def written_at(path: str) -> float:
+    """When the checkpoint was complete: its newest file's modification time."""
+    if not os.path.isdir(path):
+        return os.stat(path).st_mtime
+    times = [os.stat(os.path.join(path, n)).st_mtime for n in os.listdir(path)
+             if os.path.isfile(os.path.join(path, n))]
+    return max(times, default=os.stat(path).st_mtime)
+
+
+def previous_checkpoint(path: str, t: float) -> tuple[str, float] | None:
+    """The newest sibling checkpoint written before ``t``."""
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    me = os.path.abspath(path)
+    best: tuple[str, float] | None = None
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return None
+    for n in names:
+        p = os.path.join(parent, n)
+        if p == me or ck.kind_of(p) is None:
+            continue
+        w = written_at(p)
+        if w < t and (best is None or w > best[1]):
+            best = (p, w)
+    return best
+
+
+# --------------------------------------------------------------------------- content
+
+
+def _content(path: str) -> tuple[list[str], list[str], list[dict[str, Any]]]:
+    """(reasons to reject, divergent files, non-finite tensors) for one checkpoint."""
+    kind = ck.kind_of(path)
+    if kind == "folder":
+        files = ck.folder_files(path)
+        # Several files may be replicas: hash while reading (one pass), compare where layouts match.
+        reports = _read_all(files, digests=len(files) >= 2)
+        by_sig: dict[tuple, list[ck.FileReport]] = {}
+        for r in reports:
+            if r.error is None:
+                by_sig.setdefault(r.signature(), []).append(r)
+        replicas = [rs for rs in by_sig.values() if len(rs) >= 2]
+    else:
+        reports, replicas = [ck.read(path)], []
+    reasons: list[str] = []
+    divergent: list[str] = []
+    nonfinite: list[dict[str, Any]] = []
+    for r in reports:
+        shown = _shown(path, r.path)
+        if r.error:
+            reasons.append(f"{shown}: {r.error}")
+        for name, n in sorted(r.nonfinite.items()):
+            nonfinite.append({"file": shown, "tensor": name, "count": n})
+    if nonfinite:
+        total = sum(x["count"] for x in nonfinite)
+        reasons.append(f"{total} non-finite value(s) (NaN/Inf) in {len(nonfinite)} tensor(s), first "
+                       f"{nonfinite[0]['file']}:{nonfinite[0]['tensor']}")
+    for rs in replicas:
+        names = sorted(rs[0].layout)
+        v = c3.vote({i: tuple(r.digests.get(n) for n in names) for i, r in enumerate(rs)})
+        files = [_shown(path, r.path) for r in rs]
+        if v.status == c3.AGREE:
+            continue
+        if v.attributed:
+            for i in v.minority:
+                bad = [n for n in names if rs[i].digests.get(n) != rs[v.majority[0]].digests.get(n)]
+                divergent.append(files[i])
+                reasons.append(f"{files[i]} diverges from {len(v.majority)} of {len(rs)} replicas on {len(bad)} "
+                               f"tensor(s), first {bad[0]}")
+        else:
+            reasons.append(f"replicas {', '.join(files)} differ with no strict majority: cannot tell which is right")
+    if not reports:
+        reasons.append("no checkpoint file in the folder")
+    return reasons, divergent, nonfinite
+
+
+def _read_all(files: Sequence[str], *, digests: bool = False) -> list[ck.FileReport]:
+    """Read files side by side: hashing and torch's reductions release the GIL."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1, len(files)))) as pool:
+        return list(pool.map(lambda f: ck.read(f, digests=digests), files))
+
+
+def _shown(root: str, path: str) -> str:
+    """A file as the user named it: the given path, or given folder + file name."""
+    return root if os.path.abspath(root) == os.path.abspath(path) else os.path.join(root, os.path.basename(path))
+
+
+# --------------------------------------------------------------------------- coverage
+
+
+def _coverage(path: str, rounds: Sequence[dict[str, Any]]) -> tuple[bool, list[str], dict[str, Any]]:
+    t = written_at(path)
+    prev = previous_checkpoint(path, t)
+    lo = prev[1] if prev else float("-inf")
+    inside = [e for e in rounds if lo < float(e["time"]) <= t]
+    bad = [e for e in inside if e.get("result") in (ledger.SDC, ledger.INCONCLUSIVE)]
+    clean = [e for e in inside if e.get("result") == ledger.CLEAN]
+    reasons: list[str] = []
+    since = f"since {prev[0]}" if prev else "before it"
+    for e in bad:
+        devs = [d["device"] for d in e.get("devices", ()) if d.get("result") == "divergent"]
+        reasons.append(f"replay round at {_clock(e['time'])} {since}: {e['result']}"
+                       + (f" on {', '.join(devs)}" if devs else ""))
+    if not bad and not clean:
+        reasons.append(f"no complete clean replay round {since} (run scout-sys replay --job ... while training)")
+    summary = [{"time": e["time"], "result": e.get("result"), "complete": e.get("complete"),
+                "devices": len(e.get("devices", ())), "job": e.get("job", {}).get("launcher_pid")} for e in inside]
+    return bool(clean) and not bad, reasons, {"covered": bool(clean) and not bad, "rounds": summary,
+                                              "bad": bool(bad)}
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(t)))
+
+
+# --------------------------------------------------------------------------- the certificate
+
+
+def certify(paths: Sequence[str], *, state_dir: str, clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """The ``scout-sys/certificate/v1`` object for ``paths``. Raises ScoutError when it cannot run."""
+    for p in paths:
+        if not os.path.exists(p):
+            raise ScoutError(f"no such path: {p}")
+        if ck.kind_of(p) is None:
+            raise ScoutError(f"{p} does not look like a checkpoint (a torch.save file, .safetensors, a DCP folder "
+                             "with .metadata, or a folder of such files)")
+    try:
+        import torch  # noqa: F401 - certify reads tensors with the job's torch
+    except ImportError:
+        raise ScoutError("certify needs torch (pip install torch)") from None
+    rounds = ledger.read(state_dir)
+    out = []
+    for p in paths:
+        reasons, divergent, nonfinite = _content(p)
+        covered, cov_reasons, replay = _coverage(p, rounds)
+        bad_replay = replay.pop("bad")
+        if reasons or bad_replay:
+            status = REJECTED
+        elif covered:
+            status = CERTIFIED
+        else:
+            status = UNVERIFIED
+        # Replay reasons count when they reject (sdc, inconclusive) or are why it is unverified.
+        all_reasons = reasons + (cov_reasons if bad_replay or status == UNVERIFIED else [])
+        item = {"path": p, "step": step_of(p), "status": status, "reasons": all_reasons, "divergent": divergent,
+                "nonfinite": nonfinite, "replay": replay}
+        out.append((written_at(p), item))
+    certified = [(t, i) for t, i in out if i["status"] == CERTIFIED]
+    recommended = max(certified, key=lambda ti: ti[0])[1]["path"] if certified else None
+    return {"schema": SCHEMA, "time": round(clock(), 3), "checkpoints": [i for _, i in out],
+            "recommended": recommended}
+
+
+def render_certificate(cert: dict[str, Any]) -> str:
+    lines = []
+    for c in cert["checkpoints"]:
+        step = f" (step {c['step']})" if c["step"] is not None else ""
+        lines.append(f"{c['status'].upper():<10} {c['path']}{step}")
+        for r in c["reasons"]:
+            lines.append(f"  - {r}")
+        n = len(c["replay"]["rounds"])
+        lines.append(f"  replay: {n} round{'s' if n != 1 else ''} in its interval, "
+                     f"{'covered' if c['replay']['covered'] else 'not covered'}")
+    rec = cert["recommended"]
+    lines.append(f"recommended: {rec}" if rec else "recommended: none (no checkpoint is certified)")
+    return "\n".join(printable(x) for x in lines)

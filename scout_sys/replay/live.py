@@ -1,0 +1,124 @@
+"""Replay in the live loop (for ``watch``): a part that takes the open incidents and ``now`` and
+returns findings, as the other parts of the loop do.
+
+- When a ``straggler`` incident from the job's own signals (procfs / eBPF) is open and its ranks
+  were not replayed since, it starts a replay session in the background, to tell a slow device
+  (replay names the same device ``straggler``, source ``replay``) from a slow network, input
+  pipeline or collective (every device runs the kernels at the same speed).
+- Every ``every`` seconds (``--replay-every``; off by default) it starts one too.
+- One session at a time, in a thread; the loop never waits for it. ``step()`` returns the
+  findings of a finished session once: the replay's incidents (``sdc``, ``straggler``), and for a
+  straggler that triggered it and that replay did not confirm, an evidence item saying its device is
+  as fast as its peers' (see :func:`ReplayPart.explain`).
+
+Wiring into the Watcher (a few lines): build ``ReplayPart(job, every=..., state_dir=...)`` at bind
+time; in ``poll()`` call ``part.step(now, open_incidents)`` and reconcile what it returns like
+other findings; ``part.close()`` in ``close()``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from scout_sys.model import ATTRIBUTED, SDC, STRAGGLER, Evidence, Incident, Job
+from scout_sys.replay.runner import ReplayCancelled, ReplayResult, run_rounds
+
+Runner = Callable[..., ReplayResult]
+
+
+class ReplayPart:
+    def __init__(self, job: Job, *, every: float | None = None, rounds: int = 2, state_dir: str | None = None,
+                 runner: Runner = run_rounds, started: float = 0.0, **kw: Any) -> None:
+        self.job = job
+        self.every = every
+        self.rounds = rounds
+        self.state_dir = state_dir
+        self.runner = runner  # run_rounds; injectable so the scheduling is testable on a fake clock
+        self.kw = kw
+        self._next = started + every if every else None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._done: tuple[str, tuple[int, ...], ReplayResult | None, str | None] | None = None
+        self._replayed: set[tuple[int, ...]] = set()  # straggler ranks already replayed for
+        self.last: ReplayResult | None = None
+        self.last_error: str | None = None
+        self.running_since: float | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def request(self, reason: str, now: float, ranks: tuple[int, ...] = ()) -> bool:
+        """Start a session now unless one runs. Returns whether one started (the dashboard's key)."""
+        if self.running:
+            return False
+        self._stop.clear()
+        self.running_since = now
+
+        def work() -> None:
+            try:
+                res = self.runner(self.job, self.rounds, state_dir=self.state_dir, stop=self._stop, **self.kw)
+                self._done = (reason, ranks, res, None)
+            except ReplayCancelled:
+                self._done = None
+            except Exception as e:  # noqa: BLE001 - a failed session is reported, the loop goes on
+                self._done = (reason, ranks, None, str(e) or type(e).__name__)
+
+        self._thread = threading.Thread(target=work, name="replay", daemon=True)
+        self._thread.start()
+        return True
+
+    def step(self, now: float, incidents: Sequence[Incident]) -> list[Incident]:
+        """The findings of a session that finished since the last call; then start what is due."""
+        out: list[Incident] = []
+        if self._done is not None and not self.running:
+            reason, _ranks, res, err = self._done
+            self._done = None
+            self.running_since = None
+            if res is None:
+                self.last_error = err
+            else:
+                self.last, self.last_error = res, None
+                note = Evidence("replay", f"replay round started for: {reason}")
+                out = [replace(i, evidence=i.evidence + (note,)) for i in res.diagnosis.incidents
+                       if i.kind in (SDC, STRAGGLER)]
+        for inc in incidents:
+            if inc.kind == STRAGGLER and inc.status == ATTRIBUTED and not _from_replay(inc) \
+                    and inc.ranks not in self._replayed and not self.running and self._done is None:
+                self._replayed.add(inc.ranks)
+                self.request(f"straggler rank(s) {','.join(map(str, inc.ranks))}", now, inc.ranks)
+        if self._next is not None and now >= self._next and self._done is None:
+            self._next = now + (self.every or 0.0)
+            self.request("periodic", now)
+        return out
+
+    def explain(self, inc: Incident) -> Evidence | None:
+        """For a straggler from the job's signals: what the last replay says about its device."""
+        res = self.last
+        if res is None or inc.kind != STRAGGLER or _from_replay(inc):
+            return None
+        slow = {r for i in res.diagnosis.incidents if i.kind == STRAGGLER for r in i.ranks}
+        devices = [d for d in res.rounds[-1] if set(d.ranks) & set(inc.ranks) and not d.error]
+        if not devices:
+            return None
+        if set(inc.ranks) & slow:
+            return Evidence("replay", "replay confirms a slow device: the same kernels run slower on it than on "
+                                      "its peers")
+        secs = {d.device: round(res.times[-1].seconds.get(d.device, 0.0), 4) for d in devices}
+        return Evidence("replay", "replay: its device runs the same kernels as fast as its peers' (median "
+                                  f"{res.times[-1].median:.3f} s): not the device; look at its input pipeline, "
+                                  "network or collectives", data={"seconds": secs})
+
+    def close(self) -> None:
+        """Stop a running session (its workers are gone when this returns)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+def _from_replay(inc: Incident) -> bool:
+    return any(e.source == "replay" for e in inc.evidence)

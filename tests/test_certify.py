@@ -1,0 +1,217 @@
+"""certify on checkpoints written by real torch.save, torch.distributed.checkpoint and safetensors,
+through the real command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from scout_sys.consensus import replay as rules
+from scout_sys.model import DeviceRound, Job, KernelResult, Rank
+from scout_sys.replay import ledger
+from tests.conftest import scout
+
+torch = pytest.importorskip("torch")
+KEYS = {"path", "step", "status", "reasons", "divergent", "nonfinite", "replay"}
+
+
+def state(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"layer.weight": torch.randn(32, 16, generator=g), "layer.bias": torch.randn(32, generator=g),
+            "head.weight": torch.randn(4, 32, generator=g).to(torch.bfloat16)}
+
+
+def certify(*paths, state_dir) -> tuple[int, dict]:
+    out = scout("certify", *map(str, paths), "--state-dir", str(state_dir), "--json", timeout=120)
+    assert len(out.stdout.strip().splitlines()) == 1, out.stdout + out.stderr
+    cert = json.loads(out.stdout)
+    assert set(cert) == {"schema", "time", "checkpoints", "recommended"}
+    assert cert["schema"] == "scout-sys/certificate/v1"
+    for c in cert["checkpoints"]:
+        assert set(c) == KEYS and set(c["replay"]) == {"covered", "rounds"}
+    return out.returncode, cert
+
+
+def one(cert: dict) -> dict:
+    (c,) = cert["checkpoints"]
+    return c
+
+
+def clean_round(state_dir, result: str = "clean") -> None:
+    """A replay round as the replay runner records it (its own entry function), now."""
+    j = Job(ranks=tuple(Rank(r, 100 + r, "h") for r in range(3)), world_size=3, launcher="t", launcher_pid=1,
+            host="h")
+    res = [DeviceRound(f"cpu/rank{r}", (r,), "cpu torch",
+                       {"gemm": KernelResult("x" if (result == "sdc" and r == 2) else "a", 0.1)}) for r in range(3)]
+    now = time.time()
+    ledger.append(str(state_dir), j, now - 0.01, now, res, rules.vote_digests(res), rules.vote_times(res))
+    time.sleep(0.05)
+
+
+def test_clean_file_without_replay_is_unverified_then_certified_once_a_clean_round_precedes_it(tmp_path):
+    torch.save(state(), tmp_path / "step_100.pt")
+    time.sleep(0.05)
+    rc, cert = certify(tmp_path / "step_100.pt", state_dir=tmp_path / "state")
+    c = one(cert)
+    assert (rc, c["status"], c["step"]) == (1, "unverified", 100)
+    assert "no complete clean replay round" in c["reasons"][0]
+    assert cert["recommended"] is None
+    clean_round(tmp_path / "state")
+    torch.save(state(), tmp_path / "step_200.pt")
+    rc, cert = certify(tmp_path / "step_100.pt", tmp_path / "step_200.pt", state_dir=tmp_path / "state")
+    assert [c["status"] for c in cert["checkpoints"]] == ["unverified", "certified"]
+    assert cert["checkpoints"][1]["replay"]["covered"] and cert["checkpoints"][1]["reasons"] == []
+    assert cert["recommended"] == str(tmp_path / "step_200.pt")
+    rc, cert = certify(tmp_path / "step_200.pt", state_dir=tmp_path / "state")
+    assert rc == 0 and one(cert)["status"] == "certified"
+
+
+def test_sdc_round_in_the_interval_rejects(tmp_path):
+    torch.save(state(), tmp_path / "step_1.pt")
+    time.sleep(0.05)
+    clean_round(tmp_path / "state")
+    clean_round(tmp_path / "state", "sdc")
+    torch.save(state(), tmp_path / "step_2.pt")
+    rc, cert = certify(tmp_path / "step_2.pt", state_dir=tmp_path / "state")
+    c = one(cert)
+    assert (rc, c["status"]) == (1, "rejected")
+    assert any("sdc on cpu/rank2" in r for r in c["reasons"])
+
+
+def test_nonfinite_values_are_named(tmp_path):
+    sd = state()
+    sd["layer.bias"][3] = float("nan")
+    sd["layer.weight"][0, :2] = float("inf")
+    torch.save(sd, tmp_path / "model.pt")
+    clean_round(tmp_path / "state")
+    rc, cert = certify(tmp_path / "model.pt", state_dir=tmp_path / "state")
+    c = one(cert)
+    assert (rc, c["status"]) == (1, "rejected")
+    assert sorted((x["tensor"], x["count"]) for x in c["nonfinite"]) == [("layer.bias", 1), ("layer.weight", 2)]
+    assert all(x["file"] == str(tmp_path / "model.pt") for x in c["nonfinite"])
+
+
+def test_truncated_files_are_rejected(tmp_path):
+    torch.save(state(), tmp_path / "a.pt")
+    from safetensors.torch import save_file
+
+    save_file(state(), str(tmp_path / "b.safetensors"))
+    for name in ("a.pt", "b.safetensors"):
+        data = (tmp_path / name).read_bytes()
+        (tmp_path / name).write_bytes(data[: len(data) * 2 // 3])
+    rc, cert = certify(tmp_path / "a.pt", tmp_path / "b.safetensors", state_dir=tmp_path / "state")
+    assert rc == 1 and [c["status"] for c in cert["checkpoints"]] == ["rejected", "rejected"]
+    assert "zip archive" in cert["checkpoints"][0]["reasons"][0]
+    assert "incomplete" in cert["checkpoints"][1]["reasons"][0]
+
+
+def test_a_pickle_that_needs_code_is_rejected_and_never_run(tmp_path):
+    marker = tmp_path / "executed"
+    code = (f"import os, torch\nclass Payload:\n    def __reduce__(self):\n"
+            f"        return (os.system, ('touch {marker}',))\n"
+            f"torch.save({{'w': torch.zeros(2), 'x': Payload()}}, {str(tmp_path / 'evil.pt')!r})\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    assert not marker.exists()
+    rc, cert = certify(tmp_path / "evil.pt", state_dir=tmp_path / "state")
+    c = one(cert)
+    assert (rc, c["status"]) == (1, "rejected")
+    assert "needs code to load" in c["reasons"][0] and "never executed" in c["reasons"][0]
+    assert not marker.exists()
+
+
+def test_the_divergent_replica_is_named(tmp_path):
+    folder = tmp_path / "step_300"
+    folder.mkdir()
+    for r in range(4):
+        sd = state()
+        if r == 1:
+            sd["layer.weight"][5, 5] += 1e-6  # one value, barely
+        torch.save(sd, folder / f"rank{r}.pt")
+    clean_round(tmp_path / "state")
+    rc, cert = certify(folder, state_dir=tmp_path / "state")
+    c = one(cert)
+    assert (rc, c["status"], c["step"]) == (1, "rejected", 300)
+    assert c["divergent"] == [str(folder / "rank1.pt")]
+    assert "layer.weight" in c["reasons"][0]
+
+
+def test_two_replicas_that_differ_have_no_majority(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    torch.save(state(0), folder / "rank0.pt")
+    torch.save(state(1), folder / "rank1.pt")
+    rc, cert = certify(folder, state_dir=tmp_path / "state")
+    c = one(cert)
+    assert c["status"] == "rejected" and c["divergent"] == []
+    assert "no strict majority" in c["reasons"][0]
+
+
+def test_clean_replicas_safetensors_and_dcp_are_certified(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+
+    time.sleep(0.05)
+    clean_round(tmp_path / "state")
+    # Each in its own run folder: a sibling written earlier would be "the previous checkpoint".
+    for run in "abc":
+        (tmp_path / run).mkdir()
+    reps = tmp_path / "a" / "replicas"
+    reps.mkdir()
+    for r in range(3):
+        torch.save({"model": state(), "step": 7}, reps / f"rank{r}.pt")
+    save_file(state(), str(tmp_path / "b" / "model.safetensors"))
+    dcp.save({"model": state(), "extra": {"epoch": 3}}, checkpoint_id=str(tmp_path / "c" / "dcp"), no_dist=True)
+    rc, cert = certify(reps, tmp_path / "b" / "model.safetensors", tmp_path / "c" / "dcp",
+                       state_dir=tmp_path / "state")
+    assert [c["status"] for c in cert["checkpoints"]] == ["certified"] * 3, cert
+    assert rc == 0
+
+
+def test_dcp_with_nan_or_a_truncated_shard_is_rejected(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    sd = state()
+    sd["layer.bias"][0] = float("-inf")
+    dcp.save({"model": sd}, checkpoint_id=str(tmp_path / "nan"), no_dist=True)
+    dcp.save({"model": state()}, checkpoint_id=str(tmp_path / "cut"), no_dist=True)
+    shard = next(p for p in (tmp_path / "cut").iterdir() if p.suffix == ".distcp")
+    shard.write_bytes(shard.read_bytes()[:-200])
+    rc, cert = certify(tmp_path / "nan", tmp_path / "cut", state_dir=tmp_path / "state")
+    nan, cut = cert["checkpoints"]
+    assert nan["status"] == "rejected" and nan["nonfinite"][0]["tensor"] == "model.layer.bias"
+    assert cut["status"] == "rejected" and "truncated" in cut["reasons"][0]
+
+
+def test_dcp_metadata_that_needs_code_is_refused(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"model": state()}, checkpoint_id=str(tmp_path / "d"), no_dist=True)
+    marker = tmp_path / "executed"
+    code = (f"import os, pickle\nclass P:\n    def __reduce__(self):\n        return (os.system, ('touch {marker}',))\n"
+            f"open({str(tmp_path / 'd' / '.metadata')!r}, 'wb').write(pickle.dumps(P()))\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    rc, cert = certify(tmp_path / "d", state_dir=tmp_path / "state")
+    assert one(cert)["status"] == "rejected" and "needs code to load" in one(cert)["reasons"][0]
+    assert not marker.exists()
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    out = scout("certify", str(tmp_path / "nope.pt"))
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "no such path" in out.stderr
+    (tmp_path / "notes.txt").write_text("hello")
+    out = scout("certify", str(tmp_path / "notes.txt"))
+    assert out.returncode == 2 and "does not look like a checkpoint" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_monitor_side_never_imports_torch():
+    code = ("import sys, scout_sys.cli, scout_sys.replay.runner, scout_sys.replay.certify, "
+            "scout_sys.replay.report, scout_sys.consensus.replay\n"
+            "scout_sys.cli.build_parser().parse_args(['replay', '--job', '1'])\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env={**os.environ})

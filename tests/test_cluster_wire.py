@@ -1,0 +1,108 @@
+"""The cluster's wire format and the whole-job merge, on synthetic data (pure: no store, no processes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scout_sys.cluster import wire
+from scout_sys.cluster.merge import ANSWERED, AgentState, Answer, decide
+from scout_sys.consensus import hang
+from scout_sys.errors import BadToken
+from scout_sys.model import CollectiveSample, ExitRecord, Fingerprint, Job, Rank
+from tests.test_hang_rules import SLEEPING, T0, WAIT_AR, _rank_obs
+
+TOKEN = b"0123456789abcdef0123456789abcdef"
+
+
+def test_sealed_values_verify_only_with_the_token_the_key_and_the_run():
+    raw = wire.seal(TOKEN, wire.hb_key(1), "n1", {"node": 1, "ranks": []})
+    assert wire.unseal(TOKEN, wire.hb_key(1), raw, "n1")["node"] == 1
+    with pytest.raises(wire.Forged):
+        wire.unseal(b"another token of sixteen bytes!!", wire.hb_key(1), raw, "n1")
+    with pytest.raises(wire.Forged):  # moved to another node's slot
+        wire.unseal(TOKEN, wire.hb_key(2), raw, "n1")
+    env = json.loads(raw)
+    env["b"] = env["b"].replace('"node":1', '"node":2')
+    with pytest.raises(wire.Forged):  # body changed
+        wire.unseal(TOKEN, wire.hb_key(1), json.dumps(env).encode(), "n1")
+    with pytest.raises(wire.Stale):  # a valid message of an earlier run
+        wire.unseal(TOKEN, wire.hb_key(1), raw, "n2")
+    with pytest.raises(wire.Forged):
+        wire.unseal(TOKEN, wire.hb_key(1), b"not json", "n1")
+    assert TOKEN not in raw
+
+
+def test_token_file_errors_are_one_line(tmp_path):
+    with pytest.raises(BadToken, match="cannot read"):
+        wire.read_token(str(tmp_path / "none"))
+    short = tmp_path / "short"
+    short.write_text("abc\n")
+    with pytest.raises(BadToken, match="too short") as e:
+        wire.read_token(str(short))
+    assert "abc" not in str(e.value)
+    good = tmp_path / "good"
+    good.write_bytes(TOKEN + b"\n")
+    assert wire.read_token(str(good)) == TOKEN
+
+
+def test_activities_and_records_round_trip_through_json():
+    obs = []
+    for r in range(3):
+        obs += _rank_obs(r, stacks=SLEEPING if r == 2 else WAIT_AR)
+    job = Job(ranks=tuple(Rank(rank=r, pid=1000 + r, host="h", local_rank=r) for r in range(3)), world_size=3,
+              launcher="torchrun", launcher_pid=9, host="h")
+    acts = hang.activities(job, obs)
+    for a in acts.values():
+        assert wire.activity_from_json(json.loads(json.dumps(wire.activity_to_json(a)))) == a
+    packed = json.loads(json.dumps(wire.activities_to_json(acts.values())))
+    assert len(packed["stacks"]) == 2  # each distinct stack once
+    assert wire.activities_from_json(packed) == acts
+    fp = Fingerprint(seq=3, op="allreduce", time=T0, count=10, dtype="float32", redop="sum")
+    recs = [CollectiveSample(time=T0, rank=1, pid=1001, backend="gloo", group="gloo:0", seq=3, completed=2,
+                             inside=True, last_enter=T0, last_exit=None, last=fp, recent=(fp,)),
+            ExitRecord(time=T0, rank=2, pid=1002, exit_code=None, signal=9)]
+    assert [wire.record_from_json(json.loads(json.dumps(wire.record_to_json(o)))) for o in recs] == recs
+    assert wire.job_from_json(json.loads(json.dumps(wire.job_to_json(job)))) == job
+
+
+def _answer(node: int, ranks: range, host: str, idle: int | None = None) -> Answer:
+    obs = []
+    for r in ranks:
+        obs += _rank_obs(r, stacks=SLEEPING if r == idle else WAIT_AR)
+    job = Job(ranks=tuple(Rank(rank=r, pid=1000 + r, host=host, local_rank=r - ranks.start) for r in ranks),
+              world_size=8, launcher="torchrun", launcher_pid=9, host=host)
+    return Answer(node=node, host=host, job=job, acts=hang.activities(job, obs), window=(T0, T0 + 4))
+
+
+def test_the_origin_on_another_host_is_named_with_its_host():
+    answers = [_answer(0, range(0, 4), "a"), _answer(1, range(4, 8), "b", idle=6)]
+    states = [AgentState(0, "a", ANSWERED), AgentState(1, "b", ANSWERED)]
+    d, cluster = decide(answers, states, world_size=8, source="s:1", now=T0 + 5)
+    assert [(i.kind, i.ranks, i.hosts) for i in d.incidents] == [("hang", (6,), ("b",))]
+    assert cluster["not_observed"] == []
+    assert {r["rank"]: r["host"] for r in d.to_json()["job"]["ranks"]}[6] == "b"
+
+
+def test_ranks_of_a_silent_agent_are_not_observed_never_blamed():
+    # the origin (rank 6) is on the host whose agent is gone: the rest wait in common mode
+    answers = [_answer(0, range(0, 4), "a")]
+    states = [AgentState(0, "a", ANSWERED), AgentState(1, "b", "no answer", "no answer within 6 s",
+                                                        ranks=(4, 5, 6, 7))]
+    d, cluster = decide(answers, states, world_size=8, source="s:1", now=T0 + 5)
+    assert [(i.kind, i.status, i.ranks) for i in d.incidents] == [("hang", "inconclusive", ())]
+    assert [(u["rank"], u["host"]) for u in cluster["not_observed"]] == [(4, "b"), (5, "b"), (6, "b"), (7, "b")]
+    assert any("ranks 4, 5, 6, 7 not observed" in n for n in d.notes)
+
+
+def test_a_rank_missing_on_another_host_is_named_with_that_host():
+    a = _answer(1, range(4, 8), "b")
+    job = Job(ranks=tuple(r for r in a.job.ranks if r.rank != 5), world_size=8, launcher="torchrun",
+              launcher_pid=9, host="b", missing=(5,))
+    answers = [_answer(0, range(0, 4), "a"),
+               Answer(node=1, host="b", job=job, acts={r: x for r, x in a.acts.items() if r != 5}, window=a.window)]
+    d, _ = decide(answers, [AgentState(0, "a", ANSWERED), AgentState(1, "b", ANSWERED)], world_size=8,
+                  source="s:1", now=T0 + 5)
+    assert [(i.kind, i.ranks, i.hosts) for i in d.incidents] == [("process_exit", (5,), ("b",))]
+    assert [r["host"] for r in d.to_json()["job"]["ranks"] if r["rank"] == 5] == ["b"]

@@ -1,0 +1,116 @@
+"""Who waits for whom, on real CPU / Gloo jobs with no layout anywhere (no --topology, nothing on the
+command line): the process groups are learned from the ranks' TCP connections
+(scout_sys/probes/pgroups.py) and the wait-for graph (consensus/waitfor.py) follows the chains.
+
+- Megatron-Core dp=2 x tp=2 (its ColumnParallelLinear / RowParallelLinear and parallel_state groups):
+  rank 2 blocks on a lock after its step; rank 0 waits for it in the data-parallel all-reduce,
+  rank 3 in RowParallelLinear's tensor-parallel all-reduce, rank 1 for rank 3 in its data-parallel
+  all-reduce. No peer group has a majority; the graph names rank 2, in diagnose and in watch.
+- DTensor dp=2 x tp=2 (tests/jobs/layouts.py): rank 2 calls a broadcast in its tensor-parallel group
+  where its partner runs the forward. The graph alone ends in a tie (a group of two in two collectives);
+  the equivalent peers' majority comes from eBPF fingerprints when watched from the start:
+  collective_desync on rank 2.
+- Healthy runs stay healthy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from tests.conftest import JOBS, origins, scout
+from tests.test_watch import watch_cli  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.slow
+MEGATRON = os.path.join(JOBS, "megatron_job.py")
+LAYOUTS = os.path.join(JOBS, "layouts.py")
+megatron = pytest.importorskip("megatron.core", reason="megatron-core is installed by `make` (requirements.txt)")
+
+
+def _diagnose(pid: int, window: float = 2.5) -> tuple[int, dict]:
+    out = scout("diagnose", "--job", str(pid), "--window", str(window), "--json", timeout=90)
+    assert out.stdout.strip(), out.stderr
+    return out.returncode, json.loads(out.stdout)
+
+
+def test_megatron_dp2_tp2_healthy(start_job):
+    job = start_job(4, script=MEGATRON, args=[])
+    job.wait_for(r"MEGATRON step 5", timeout=150)
+    rc, d = _diagnose(job.pid)
+    assert (rc, d["status"], d["incidents"]) == (0, "healthy", []), d
+
+
+def test_megatron_dp2_tp2_lock_named_by_the_wait_for_graph(start_job):
+    job = start_job(4, script=MEGATRON, args=["--fault", "lock", "--fault-rank", "2"])
+    job.wait_for(r"MEGATRON fault lock rank=2", timeout=150)
+    time.sleep(2.0)
+    rc, d = _diagnose(job.pid)
+    assert rc == 1 and origins(d) == [("hang", "attributed", [2])], d["incidents"]
+    assert "layout" not in d["job"]  # nothing was known about the layout
+    ev = d["incidents"][0]["evidence"]
+    graph = next(e["wait_for"] for e in ev if "wait_for" in e)
+    edges = {(tuple(e["waiters"]), tuple(e["awaited"]), tuple(e["group"])) for e in graph}
+    assert edges == {((0,), (2,), (0, 2)), ((1,), (3,), (1, 3)), ((3,), (2,), (2, 3))}, graph
+    chains = [e["chain"] for e in ev if "chain" in e]
+    assert [1, 3, 2] in chains and [0, 2] in chains, chains
+
+
+def test_megatron_lock_opens_in_watch(start_job, watch_cli):  # noqa: F811
+    job = start_job(4, script=MEGATRON, args=["--fault", "lock", "--fault-rank", "1", "--fault-step", "40"])
+    job.wait_for(r"MEGATRON step 2", timeout=150)
+    w = watch_cli(job.pid, "--stall-after", "5", "--no-ebpf")
+    job.wait_for(r"MEGATRON fault lock rank=1", timeout=150)
+    e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["kind"] == "hang"
+                     and e["incident"]["status"] == "attributed", timeout=60)
+    assert e["incident"]["ranks"] == [1], e
+
+
+def test_dtensor_dp2_tp2_hang_named_without_topology(start_job):
+    # rank 2 stops feeding its steps: rank 0 waits for it in the dp all-reduce, rank 3 in the functional
+    # (DTensor) all-reduce's wait_tensor, rank 1 for rank 3 in its dp all-reduce
+    job = start_job(4, script=LAYOUTS, args=["--layout", "tp", "--fault", "hang", "--fault-rank", "2"])
+    job.wait_for(r"LAYOUT fault hang rank=2", timeout=150)
+    time.sleep(2.0)
+    rc, d = _diagnose(job.pid)
+    assert origins(d) == [("hang", "attributed", [2])], d["incidents"]
+    chains = [e["chain"] for e in d["incidents"][0]["evidence"] if "chain" in e]
+    assert [1, 3, 2] in chains, chains
+
+
+def _wait_probe_up(port: int, probe: str, timeout: float) -> None:
+    """Until the watch's /metrics says ``probe`` is attached (eBPF compiles for 10-50 s on 2 busy cores)."""
+    import urllib.request
+
+    want = f'probe="{probe}"}} 1.0'
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                if want in r.read().decode():
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{probe} not attached within {timeout}s")
+
+
+def test_dtensor_tp_desync_in_watch(start_job, watch_cli, tmp_path):  # noqa: F811
+    from scout_sys.demo.launch import free_port
+
+    go = tmp_path / "go"
+    job = start_job(4, script=LAYOUTS, args=["--layout", "tp", "--fault", "tpdesync", "--fault-rank", "2",
+                                             "--fault-when", str(go)])
+    job.wait_for(r"LAYOUT step 2", timeout=150)
+    # eBPF from the start: the fault comes once the collectives probe is attached
+    port = free_port()
+    w = watch_cli(job.pid, "--stall-after", "5", "--prometheus", f"127.0.0.1:{port}")
+    _wait_probe_up(port, "ebpf-collectives", timeout=120)
+    time.sleep(1.0)
+    go.touch()
+    job.wait_for(r"LAYOUT fault tpdesync rank=2", timeout=60)
+    e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["status"] == "attributed",
+                     timeout=60)
+    assert (e["incident"]["kind"], e["incident"]["ranks"]) == ("collective_desync", [2]), e

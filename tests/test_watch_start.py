@@ -1,0 +1,127 @@
+"""watch as users start it: in the same second as torchrun (before a rank exists), headless and in
+the dashboard; GPU-shaped hangs with and without eBPF; a two-rank hang; a launcher that ends without
+ranks; a healthy job that ends. Jobs are killed at teardown (conftest start_job)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import pytest
+
+from scout_sys.demo.launch import DemoJob
+from scout_sys.model import ATTRIBUTED, HANG, INCONCLUSIVE
+from scout_sys.tui.app import make_app
+from scout_sys.tui.widgets import HeaderBar, RankGrid
+from scout_sys.watch import WAITING_TEXT, Watcher
+from tests.test_watch import WatchCli
+
+pytestmark = pytest.mark.slow
+
+
+def _watch(pid: int, *args: str) -> WatchCli:
+    return WatchCli(pid, *args)
+
+
+@pytest.mark.parametrize("ebpf", [False, True], ids=["no-ebpf", "ebpf"])
+def test_watch_started_with_torchrun_names_a_gpu_shaped_hang(start_job, tmp_path, ebpf):
+    job = start_job(4, fault="hang", fault_rank=2, fault_step=30, args=["--sync", "spin"])
+    w = _watch(job.pid, "--stall-after", "5", "--state-dir", str(tmp_path), *([] if ebpf else ["--no-ebpf"]))
+    try:
+        job.wait_fault(timeout=180)
+        e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["kind"] == HANG, timeout=60)
+        assert e["incident"]["status"] == ATTRIBUTED and e["incident"]["ranks"] == [2], e
+        assert "wait_for_buckets" in e["incident"]["summary"]
+        trigger = [ev for ev in e["incident"]["evidence"] if "trigger" in ev]
+        assert trigger and trigger[0]["trigger"] in ("collectives", "stack", "main thread"), e["incident"]["evidence"]
+        if ebpf:
+            assert trigger[0]["trigger"] in ("collectives", "stack")  # the spinners' main threads never stop
+    finally:
+        assert w.stop() == 1
+    assert WAITING_TEXT.rstrip("…") in w.proc.stderr.read()  # it was started before any rank existed
+
+
+def test_watch_opens_the_inconclusive_incident_of_a_two_rank_hang(start_job, tmp_path):
+    # one rank asleep in a data loader, the other inside all_reduce: diagnose says inconclusive,
+    # and the watch must say so too instead of staying silent
+    job = start_job(2, fault="hang", fault_rank=0, fault_step=10)
+    w = _watch(job.pid, "--stall-after", "5", "--state-dir", str(tmp_path), "--no-ebpf")
+    try:
+        job.wait_fault(timeout=180)
+        e = w.wait_event(lambda e: e["event"] == "incident_opened", timeout=60)
+        assert (e["incident"]["kind"], e["incident"]["status"]) == (HANG, INCONCLUSIVE), e
+    finally:
+        w.stop()
+
+
+def test_a_launcher_that_ends_before_starting_ranks_is_one_line_and_exit_2():
+    launcher = subprocess.Popen(["sleep", "2"], start_new_session=True)
+    try:
+        out = subprocess.run([sys.executable, "-m", "scout_sys", "watch", "--job", str(launcher.pid), "--headless"],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert out.returncode == 2, out
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert lines[-1].startswith("scout-sys: error:") and "ended without ever starting a rank" in lines[-1], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_wait_ranks_bounds_the_wait():
+    launcher = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        t0 = time.time()
+        out = subprocess.run([sys.executable, "-m", "scout_sys", "watch", "--job", str(launcher.pid), "--headless",
+                              "--wait-ranks", "2"], capture_output=True, text=True, timeout=60)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert out.returncode == 2 and "--wait-ranks" in out.stderr, out
+    assert time.time() - t0 < 50  # it did not wait for the launcher's whole life
+
+
+def test_healthy_job_started_with_the_watch_ends_with_exit_0(start_job, tmp_path):
+    job = start_job(4, args=["--sync", "spin", "--steps", "120"])
+    w = _watch(job.pid, "--state-dir", str(tmp_path), "--no-ebpf")
+    assert w.proc.wait(timeout=240) == 0, (w.events, w.proc.stderr.read())
+    assert w.events == []  # and stdout held JSON lines only: the waiting message went to stderr
+    assert "SCOUT-DEMO done" in job.log()
+    assert "waiting for the job's ranks" in w.proc.stderr.read()
+
+
+def test_dashboard_started_before_the_ranks_shows_the_culprit(tmp_path):
+    job = DemoJob(4, fault="hang", fault_rank=1, fault_step=30, args=["--sync", "wait"])
+    job.start()
+    try:
+        w = Watcher(str(job.pid), interval=0.5, stall_after=5.0, state_dir=str(tmp_path), ebpf=False)
+        w.start()
+        assert w.job is None and w.waiting  # torchrun has not forked yet
+        try:
+            asyncio.run(_drive(job, w))
+        finally:
+            w.close()
+    finally:
+        job.stop()
+
+
+async def _drive(job: DemoJob, w: Watcher) -> None:
+    app = make_app(w)
+    async with app.run_test(size=(140, 44)) as pilot:
+        await pilot.pause(0.2)
+        assert "waiting for the job's ranks" in str(app.query_one(HeaderBar).render())
+        await asyncio.to_thread(job.wait_fault, 180)
+        grid = app.query_one(RankGrid)
+        end = time.time() + 60
+        while time.time() < end:
+            cells = {c.rank: c.category for _, cs in grid._hosts for c in cs}
+            if cells.get(1) == "suspect":
+                break
+            await pilot.pause(0.25)
+        cells = {c.rank: c.category for _, cs in grid._hosts for c in cs}
+        assert cells.get(1) == "suspect", (cells, app.snapshot and app.snapshot.incidents, app._error)
+        assert len(app.snapshot.job.ranks) == 4
+        assert "INCIDENT hang rank 1" in str(app.query_one(HeaderBar).render())
+        await pilot.press("q")
