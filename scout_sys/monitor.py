@@ -185,7 +185,9 @@ class Monitor:
     def decide(self, obs: Sequence[Observation], window: tuple[float, float]) -> Diagnosis:
         incidents, acts, notes = hang.analyze(self.job, obs, window=window)
         slow, slow_notes = ([], []) if incidents else straggler.in_window(self.job, obs, acts, window)
-        incidents = merge_findings(incidents, desync.analyze(self.job, obs), lifecycle.analyze(self.job, obs),
+        # The exit probe's deaths before desync: a dead rank is "behind" in every sequence, which
+        # corroborates its process_exit even when every rank has died by now and the stack rules are silent.
+        incidents = merge_findings(incidents, lifecycle.analyze(self.job, obs), desync.analyze(self.job, obs),
                                    hardware.analyze(self.job, obs), slow)
         notes += slow_notes
         return Diagnosis(

@@ -141,3 +141,16 @@ def test_the_first_death_replaces_procfs_lumping_its_victims_with_it() -> None:
     assert inc.summary == first[0].summary and {e.source for e in inc.evidence} == {"ebpf", "procfs"}
     (other_way,) = merge_findings(first, [procfs])
     assert other_way.ranks == (3,) and len(other_way.evidence) == len(inc.evidence)
+
+
+def test_a_dead_rank_behind_in_sequence_is_one_incident_with_its_exit() -> None:
+    # every rank has died by now (Gloo peers fail after the first death): the stack rules are silent,
+    # the exit probe names rank 3 first, and desync sees rank 3 behind: one incident, not two
+    from scout_sys.monitor import Monitor
+
+    obs = [sample(r, [ar(s) for s in range(1, 9)], inside=True, t=100.0, enter=90.0) for r in (0, 1, 2)]
+    obs.append(sample(3, [ar(s) for s in range(1, 8)], t=100.0))
+    obs += [_exit(3, 95.0, sig=9), _exit(0, 96.0, code=1), _exit(1, 96.1, code=1), _exit(2, 96.2, code=1)]
+    found = Monitor(job(4)).decide(obs, (99.0, 100.0)).incidents  # the rules as diagnose and watch merge them
+    assert [(i.kind, i.ranks) for i in found] == [(PROCESS_EXIT, (3,))], found
+    assert any(e.source == "ebpf" and "behind" in e.text for e in found[0].evidence)

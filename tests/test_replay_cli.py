@@ -76,7 +76,7 @@ def test_the_worker_runs_as_the_ranks_user():
         p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env, cwd="/",
                              user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], start_new_session=True)
     except PermissionError as e:
-        pytest.skip(f"user nobody cannot run this interpreter here ({e})")
+        pytest.skip(f"host lacks a user other than root that can run this interpreter: nobody cannot ({e})")
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         from scout_sys.job import find_job

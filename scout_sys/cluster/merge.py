@@ -112,7 +112,7 @@ def decide(answers: Sequence[Answer], states: Sequence[AgentState], *, world_siz
     t0 = min((a.window[0] for a in ok), default=now)
     t1 = max((a.window[1] for a in ok), default=now)
     incidents, acts, notes = hang.analyze_activities(job, acts, window=(t0, t1))
-    incidents = merge_findings(incidents, desync.analyze(job, records), lifecycle.analyze(job, records),
+    incidents = merge_findings(incidents, lifecycle.analyze(job, records), desync.analyze(job, records),
                                hardware.analyze(job, records))
     seen = {r.rank for r in job.ranks} | set(job.missing)
     unseen: list[dict[str, Any]] = []
