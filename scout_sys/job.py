@@ -336,19 +336,25 @@ def find_job(selector: str, topology: str | None = None) -> Job:
     return with_layout(_find_job(selector), topology)
 
 
+def group_members(pgid: int) -> list[psutil.Process]:
+    """Every live process of process group ``pgid`` (race-safe: vanished ones are skipped)."""
+    members = []
+    for p in _all_processes():
+        try:
+            if os.getpgid(p.pid) == pgid:
+                members.append(p)
+        except OSError:
+            continue
+    return members
+
+
 def _find_job(selector: str) -> Job:
     sel = selector.strip()
     if sel.startswith("pgid:"):
         pgid = _int(sel[5:])
         if pgid is None or pgid <= 0:
             raise BadSelector(f"bad selector {selector!r}: pgid:N needs a positive number")
-        members = []
-        for p in _all_processes():
-            try:
-                if os.getpgid(p.pid) == pgid:
-                    members.append(p)
-            except OSError:
-                continue
+        members = group_members(pgid)
         if not members:
             raise TargetGone(f"no process in process group {pgid}")
         seen: dict[int, psutil.Process] = {}

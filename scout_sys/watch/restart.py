@@ -45,21 +45,12 @@ def selector_pids(selector: str) -> list[int]:
     """The processes whose life bounds the wait: the selected pid, or a process group's members."""
     sel = selector.strip()
     if sel.startswith("pgid:"):
+        from scout_sys.job import group_members
+
         try:
-            pgid = int(sel[5:])
+            return [p.pid for p in group_members(int(sel[5:]))]
         except ValueError:
             return []
-        import os
-
-        out = []
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                try:
-                    if os.getpgid(int(name)) == pgid:
-                        out.append(int(name))
-                except OSError:
-                    continue
-        return out
     try:
         return [int(p) for p in sel.split(",") if p.strip()]
     except ValueError:
