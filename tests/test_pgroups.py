@@ -150,3 +150,18 @@ def test_probe_follows_the_contract_and_reads_a_live_job_shape():
     assert p.health().notes == () or "sock_diag" in p.health().notes[0]
     p.close()
     p.close()
+
+
+def test_a_tie_of_unanswered_sends_goes_to_the_peer_heard_from_longest_ago():
+    # rank 1 (dp=2 x pp=2 shape, measured on the 8-rank mix): in one 4 ms tick it sent its gradient to
+    # the other stage (whose ready notice came just before) and its data into the dp all-reduce, where
+    # the peer last spoke a step earlier: it waits in the dp group
+    m = Mesh()
+    m.group([0, 1], sent={(1, 0): (6212, 6216), (0, 1): (6216, 6212)})  # pp: the completed send
+    m.group([1, 2], sent={(1, 2): (6212, 6268), (2, 1): (6268, 6212)})  # dp: waiting for 2
+    learned = learn(m.socks, m.table)
+    assert {r: learned.groups[g] for r, g in current_groups(learned, m.socks, m.table).items()}[1] == (1, 2)
+    # the same recv times: still no group rather than a guess
+    m.table.update({i: Sock(s.local, s.remote, ESTABLISHED, 6212, 6216) for i, s in m.table.items()
+                    if s.state == ESTABLISHED})
+    assert 1 not in current_groups(learned, m.socks, m.table)

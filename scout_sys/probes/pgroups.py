@@ -264,25 +264,35 @@ def learn(socks: Mapping[int, Sequence[tuple[int, int]]], table: Mapping[int, So
 def current_groups(learned: Learned, socks: Mapping[int, Sequence[tuple[int, int]]],
                    table: Mapping[int, Sock], quiet_ms: int = QUIET_MS) -> dict[int, int]:
     """rank -> the group its most recent send went to, when that send is at least ``quiet_ms``
-    old and names one group (ties broken by sends left unanswered since)."""
+    old and names one group.
+
+    Sends of one step often fall in one tick of the clock (4 ms): a p2p send completed, then the
+    all-reduce it waits in. A tie is broken by the sends left unanswered since, then by the peer
+    heard from longest ago: a completed send had its receiver's ready notice just before it, while
+    the peer of the collective a rank waits in last spoke in an earlier call."""
     out: dict[int, int] = {}
     for rank, fds in socks.items():
-        latest: list[tuple[int, int | None, bool]] = []  # (ms since sent, group or None, unanswered)
+        latest: list[tuple[int, int | None, bool, int]] = []  # (ms since sent, group, unanswered, ms since heard)
         for fd, ino in fds:
             s = table.get(ino)
             if s is None or s.state != ESTABLISHED or s.last_sent_ms is None or s.last_recv_ms is None:
                 continue
             # a socket of no known group counts too: a newest send there names no group
-            latest.append((s.last_sent_ms, learned.group_of.get((rank, fd)), s.last_sent_ms < s.last_recv_ms))
+            latest.append((s.last_sent_ms, learned.group_of.get((rank, fd)), s.last_sent_ms < s.last_recv_ms,
+                           s.last_recv_ms))
         if not latest:
             continue
-        newest = min(t for t, _, _ in latest)
+        newest = min(t for t, _, _, _ in latest)
         if newest < quiet_ms:
             continue
-        tied = [(g, un) for t, g, un in latest if t == newest]
-        gs = {g for g, _ in tied}
+        tied = [(g, un, heard) for t, g, un, heard in latest if t == newest]
+        gs = {g for g, _, _ in tied}
         if len(gs) > 1:
-            gs = {g for g, un in tied if un}
+            unanswered = [(g, heard) for g, un, heard in tied if un]
+            gs = {g for g, _ in unanswered}
+            if len(gs) > 1:
+                oldest = max(heard for _, heard in unanswered)
+                gs = {g for g, heard in unanswered if heard == oldest}
         if len(gs) == 1 and None not in gs:
             out[rank] = gs.pop()  # type: ignore[assignment]
     return out
