@@ -25,7 +25,7 @@ group of 65,536 ranks costs 65,536 entries, not their square. Pure: no I/O, no c
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scout_sys.consensus import c3
@@ -364,6 +364,40 @@ def from_activities(acts: Mapping[int, Any], sample: Any) -> tuple[dict[int, Wai
     return waits, groups
 
 
+MAX_CHOICES = 8  # ways to place waiting ranks whose newest sends tie between groups
+
+
+def analyze_sample(acts: Mapping[int, Any], sample: Any) -> tuple[Graph, dict[int, Wait], str]:
+    """:func:`analyze` over activities and a ProcessGroupSample. A waiting rank whose newest sends tie
+    between groups (one clock tick) is placed in each of them in turn: when every choice ends at the
+    same origins, that verdict stands (with a note); otherwise the rank's group stays unknown."""
+    from itertools import product
+
+    waits, groups = from_activities(acts, sample)
+    g = analyze(waits, groups)
+    tied = [(r, gs) for r, gs in getattr(sample, "waits_in_one_of", ())
+            if r in waits and waits[r].state == "waiting" and waits[r].group is None]
+    choices = 1
+    for _, gs in tied:
+        choices *= len(gs)
+    if g.status == ATTRIBUTED or not tied or choices > MAX_CHOICES:
+        return g, waits, ""
+    first = None
+    for pick in product(*(gs for _, gs in tied)):
+        w = dict(waits)
+        for (r, _), gi in zip(tied, pick, strict=True):
+            w[r] = replace(w[r], group=gi)
+        gi = analyze(w, groups)
+        if gi.status != ATTRIBUTED or (first is not None and (gi.origins, gi.kinds) != (first[0].origins,
+                                                                                       first[0].kinds)):
+            return g, waits, ""
+        first = first or (gi, w)
+    assert first is not None
+    which = "; ".join(f"rank {r} in one of " + ", ".join(_members_text(groups[i]) for i in gs) for r, gs in tied)
+    return first[0], first[1], (f"the newest sends of some waiting ranks fall in one clock tick ({which}): "
+                                "every choice ends at the same origin")
+
+
 def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Sequence[Any],
             attribute: Any, window: tuple[float, float]) -> tuple[list[Any], list[str]]:
     """Follow the wait-for graph of the learned process groups after the peer-group vote
@@ -388,8 +422,7 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
     stalled = any(i.kind == HANG and i.status != ATTR for i in incidents)
     if sample is None or not (stalled or named):
         return incidents, []
-    waits, groups = from_activities(acts, sample)
-    g = analyze(waits, groups)
+    g, waits, tie_note = analyze_sample(acts, sample)
     if g.status == NONE:
         return incidents, []
     if named and g.status != ATTRIBUTED:
@@ -397,6 +430,8 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
     ev = [Evidence("procfs", f"wait-for: {chain_text(g, c, waits)}", data={"chain": list(c)}) for c in g.chains]
     ev.append(Evidence("procfs", f"wait-for graph over {len(sample.groups)} process groups learned from the "
                        "ranks' TCP connections", data={"wait_for": g.edges_json()}))
+    if tie_note:
+        ev.append(Evidence("procfs", tie_note))
     named_ranks = {r for i in named for r in i.ranks}
     waiters = {r for e in g.edges for r in e.waiters} - set(g.kinds)
     if named and named_ranks == set(g.origins):

@@ -262,14 +262,16 @@ def learn(socks: Mapping[int, Sequence[tuple[int, int]]], table: Mapping[int, So
 
 
 def current_groups(learned: Learned, socks: Mapping[int, Sequence[tuple[int, int]]],
-                   table: Mapping[int, Sock], quiet_ms: int = QUIET_MS) -> dict[int, int]:
+                   table: Mapping[int, Sock], quiet_ms: int = QUIET_MS,
+                   ties: dict[int, tuple[int, ...]] | None = None) -> dict[int, int]:
     """rank -> the group its most recent send went to, when that send is at least ``quiet_ms``
     old and names one group.
 
     Sends of one step often fall in one tick of the clock (4 ms): a p2p send completed, then the
     all-reduce it waits in. A tie is broken by the sends left unanswered since, then by the peer
     heard from longest ago: a completed send had its receiver's ready notice just before it, while
-    the peer of the collective a rank waits in last spoke in an earlier call."""
+    the peer of the collective a rank waits in last spoke in an earlier call. A tie left between
+    known groups goes to ``ties`` (rank -> the candidate groups), not to the result."""
     out: dict[int, int] = {}
     for rank, fds in socks.items():
         latest: list[tuple[int, int | None, bool, int]] = []  # (ms since sent, group, unanswered, ms since heard)
@@ -295,6 +297,8 @@ def current_groups(learned: Learned, socks: Mapping[int, Sequence[tuple[int, int
                 gs = {g for g, heard in unanswered if heard == oldest}
         if len(gs) == 1 and None not in gs:
             out[rank] = gs.pop()  # type: ignore[assignment]
+        elif len(gs) > 1 and None not in gs and ties is not None:
+            ties[rank] = tuple(sorted(gs))  # type: ignore[arg-type]
     return out
 
 
@@ -334,13 +338,15 @@ class ProcessGroupProbe:
         table, timed = tcp_table()
         ports = {p for p in (store_port(r.pid, self.proc) for r in job.ranks) if p is not None}
         learned = learn(socks, table, ports)
-        waits = current_groups(learned, socks, table) if timed else {}
+        ties: dict[int, tuple[int, ...]] = {}
+        waits = current_groups(learned, socks, table, ties=ties) if timed else {}
         notes = list(learned.notes)
         if not timed:
             notes.append("sock_diag unavailable: which group a rank waits in is unknown (groups from /proc/net/tcp)")
         self._notes = tuple(notes)
         return [ProcessGroupSample(time=time.time() if now is None else now, groups=learned.groups,
                                    partial=learned.partial, waits_in=tuple(sorted(waits.items())),
+                                   waits_in_one_of=tuple(sorted(ties.items())),
                                    notes=tuple(notes))]
 
     def close(self) -> None:
