@@ -83,7 +83,7 @@ def _run(job, w, ctl, faults, check_graph) -> None:
     for rank, fault in faults:
         pid = _inject(job, ctl, rank, fault)
         late = _diagnose_started(job.pid)
-        e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["kind"] == KIND[fault],
+        e = w.wait_event(lambda e, k=KIND[fault]: e["event"] == "incident_opened" and e["incident"]["kind"] == k,
                          timeout=60)
         assert e["incident"]["ranks"] == [rank], e
         d = _answer(late)
