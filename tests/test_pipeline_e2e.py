@@ -99,11 +99,16 @@ def _run(job, w, ctl, faults, check_graph) -> None:
     assert named == {(KIND[f], (r,)) for r, f in faults}, w.events  # no waiter was ever blamed
 
 
-def test_torch_pipelining_4_stages(start_job, watch_cli, tmp_path):  # noqa: F811
+def _start(start_job, watch_cli, tmp_path, nproc: int, layout: str):  # noqa: F811
+    """The job (faults from a control directory) and a watch started with it, before its ranks exist."""
     ctl = tmp_path / "ctl"
     ctl.mkdir()
-    job = start_job(4, script=PIPELINE, args=["--layout", "pp", "--control", str(ctl)], torchrun_args=KEEP)
-    w = watch_cli(job.pid, "--stall-after", "5", "--no-ebpf")
+    job = start_job(nproc, script=PIPELINE, args=["--layout", layout, "--control", str(ctl)], torchrun_args=KEEP)
+    return job, watch_cli(job.pid, "--stall-after", "5", "--no-ebpf"), ctl
+
+
+def test_torch_pipelining_4_stages(start_job, watch_cli, tmp_path):  # noqa: F811
+    job, w, ctl = _start(start_job, watch_cli, tmp_path, 4, "pp")
 
     def check_graph(rank: int, edges: list[dict]) -> None:
         # one pipeline group of every stage; the others wait in its point-to-point calls for the origin
@@ -111,14 +116,12 @@ def test_torch_pipelining_4_stages(start_job, watch_cli, tmp_path):  # noqa: F81
         assert p2p and {r for e in p2p for r in e["waiters"]} == {0, 1, 2, 3} - {rank}, edges
         assert all("pipeline p2p" in e["collective"] and rank in e["awaited"] for e in p2p), edges
 
+    # the first stage stalls on a lock, the last stage is stopped, a middle stage exits
     _run(job, w, ctl, [(0, "stall"), (3, "stop"), (2, "exit")], check_graph)
 
 
 def test_dp2_tp2_pp2_mix(start_job, watch_cli, tmp_path):  # noqa: F811
-    ctl = tmp_path / "ctl"
-    ctl.mkdir()
-    job = start_job(8, script=PIPELINE, args=["--layout", "mix", "--control", str(ctl)], torchrun_args=KEEP)
-    w = watch_cli(job.pid, "--stall-after", "5", "--no-ebpf")
+    job, w, ctl = _start(start_job, watch_cli, tmp_path, 8, "mix")
 
     def check_graph(rank: int, edges: list[dict]) -> None:
         # those waiting directly for the origin: its tp partner (all-reduce), its dp partner (all-reduce)
