@@ -165,3 +165,29 @@ def test_a_tie_of_unanswered_sends_goes_to_the_peer_heard_from_longest_ago():
     m.table.update({i: Sock(s.local, s.remote, ESTABLISHED, 6212, 6216) for i, s in m.table.items()
                     if s.state == ESTABLISHED})
     assert 1 not in current_groups(learned, m.socks, m.table)
+
+
+def test_sends_all_answered_in_one_tick_are_a_tie_between_their_groups():
+    # measured on the 8-rank mix: rank 3 posted its recv to 7 and finished its tp all-reduce with 2 in
+    # one tick, both answered in that tick: which one it waits in is left to the wait-for graph
+    m = Mesh()
+    m.group([2, 3], sent={(3, 2): (15028, 15028), (2, 3): (15028, 15028)})
+    m.group([3, 7], sent={(3, 7): (15028, 15028), (7, 3): (15028, 15088)})
+    learned = learn(m.socks, m.table)
+    ties: dict[int, tuple[int, ...]] = {}
+    assert 3 not in current_groups(learned, m.socks, m.table, ties=ties)
+    assert sorted(learned.groups[g] for g in ties[3]) == [(2, 3), (3, 7)]
+
+
+def test_an_answered_send_written_late_does_not_hide_the_unanswered_wait():
+    # measured on the 8-rank mix under load: rank 0 waits in the dp all-reduce (sent 19696 ms ago,
+    # unanswered); the end of its finished tp all-reduce was written 8 ms later (answered)
+    m = Mesh()
+    m.group([0, 1], sent={(0, 1): (19688, 19688), (1, 0): (19688, 19688)})
+    m.group([0, 2], sent={(0, 2): (19696, 19752), (2, 0): (19752, 19696)})
+    learned = learn(m.socks, m.table)
+    assert learned.groups[current_groups(learned, m.socks, m.table)[0]] == (0, 2)
+    # an unanswered send from 10 s before is no wait: the newest send names the group
+    m.table.update({i: Sock(s.local, s.remote, ESTABLISHED, 29696, 39752) for i, s in m.table.items()
+                    if s.state == ESTABLISHED and s.last_sent_ms == 19696})
+    assert learned.groups[current_groups(learned, m.socks, m.table)[0]] == (0, 1)

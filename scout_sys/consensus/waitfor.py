@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scout_sys.consensus import c3
+from scout_sys.text import ranks_text
 
 ATTRIBUTED = c3.ATTRIBUTED
 INCONCLUSIVE = c3.INCONCLUSIVE
@@ -209,7 +210,8 @@ def analyze(waits: Mapping[int, Wait], groups: Sequence[Sequence[int]]) -> Graph
     if problems:
         if problems <= {PROGRESS} and not origins:
             return Graph(NONE, tuple(edges), (), {}, chains, _WHY[PROGRESS])
-        why = "; ".join(_WHY.get(p, "a cycle of waits with no rank outside it") for p in sorted(problems))
+        texts = {**_WHY, NO_GROUP: f"{_WHY[NO_GROUP]} ({ranks_text(no_group)})" if no_group else _WHY[NO_GROUP]}
+        why = "; ".join(texts.get(p, "a cycle of waits with no rank outside it") for p in sorted(problems))
         return _replace(graph, reason=f"chains end at {why}")
     # 5. The witnesses (every waiting rank, all of whose chains end at the origins) are a strict
     #    majority of the ranks observed here: one waiting rank of two names nobody.

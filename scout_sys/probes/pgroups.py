@@ -36,6 +36,7 @@ from scout_sys.probes import Health
 
 LISTEN, ESTABLISHED = 10, 1
 QUIET_MS = 500  # a waiting rank's last send is at least this old
+LATE_WRITE_MS = 50  # an answered send written this much after the wait's own send (see current_groups)
 
 
 @dataclass(frozen=True)
@@ -267,11 +268,14 @@ def current_groups(learned: Learned, socks: Mapping[int, Sequence[tuple[int, int
     """rank -> the group its most recent send went to, when that send is at least ``quiet_ms``
     old and names one group.
 
-    Sends of one step often fall in one tick of the clock (4 ms): a p2p send completed, then the
-    all-reduce it waits in. A tie is broken by the sends left unanswered since, then by the peer
-    heard from longest ago: a completed send had its receiver's ready notice just before it, while
-    the peer of the collective a rank waits in last spoke in an earlier call. A tie left between
-    known groups goes to ``ties`` (rank -> the candidate groups), not to the result."""
+    The send a waiting rank made into its wait is *unanswered*: the awaited peer has not spoken
+    since. An answered send can look a few ms newer (Gloo's IO thread may write the end of a
+    finished collective late, on a loaded machine), so unanswered sends within ``LATE_WRITE_MS`` of
+    the newest one are taken first. Sends of one step often fall in one tick of the clock (4 ms): a
+    tie of unanswered sends goes to the peer heard from longest ago (a completed send had its
+    receiver's ready notice just before it; the peer of the collective a rank waits in last spoke in
+    an earlier call). A tie left between known groups (or answered sends in one tick) goes to
+    ``ties`` (rank -> the candidate groups), not to the result."""
     out: dict[int, int] = {}
     for rank, fds in socks.items():
         latest: list[tuple[int, int | None, bool, int]] = []  # (ms since sent, group, unanswered, ms since heard)
@@ -287,14 +291,14 @@ def current_groups(learned: Learned, socks: Mapping[int, Sequence[tuple[int, int
         newest = min(t for t, _, _, _ in latest)
         if newest < quiet_ms:
             continue
-        tied = [(g, un, heard) for t, g, un, heard in latest if t == newest]
-        gs = {g for g, _, _ in tied}
-        if len(gs) > 1:
-            unanswered = [(g, heard) for g, un, heard in tied if un]
-            gs = {g for g, _ in unanswered}
-            if len(gs) > 1:
-                oldest = max(heard for _, heard in unanswered)
-                gs = {g for g, heard in unanswered if heard == oldest}
+        pending = [x for x in latest if x[2] and x[0] <= newest + LATE_WRITE_MS]
+        pool = pending or latest
+        first = min(t for t, _, _, _ in pool)
+        tied = [(g, heard) for t, g, _, heard in pool if t == first]
+        gs = {g for g, _ in tied}
+        if len(gs) > 1 and pending:
+            oldest = max(heard for _, heard in tied)
+            gs = {g for g, heard in tied if heard == oldest}
         if len(gs) == 1 and None not in gs:
             out[rank] = gs.pop()  # type: ignore[assignment]
         elif len(gs) > 1 and None not in gs and ties is not None:
