@@ -235,3 +235,11 @@ def test_resolve_adds_the_graph_to_an_agreeing_verdict_and_replaces_one_that_nam
     out, notes = resolve(job, [sample], acts, [right, wrong], _attribute, (0.0, 1.0))
     assert [(i.kind, i.ranks) for i in out] == [(HANG, (6,))], out
     assert any("witnesses, not origins" in n for n in notes), notes
+
+
+def test_a_pipeline_group_with_stages_elsewhere_names_nobody():
+    # stages 0-1 here, stages 2-3 on another host (-1 stands for them): stage 1 waits in recv of the
+    # pipeline group; stage 0 is idle here, but what stage 1 waits for may be a stage elsewhere
+    waits = {1: Wait(1, "waiting", 0, "recv at p.py:7", p2p=True), 0: Wait(0, "idle")}
+    g = analyze(waits, [(0, 1, 2, 3, -1)])
+    assert g.status == INCONCLUSIVE and "not observed on this host" in g.reason, g
