@@ -191,3 +191,21 @@ def test_an_answered_send_written_late_does_not_hide_the_unanswered_wait():
     m.table.update({i: Sock(s.local, s.remote, ESTABLISHED, 29696, 39752) for i, s in m.table.items()
                     if s.state == ESTABLISHED and s.last_sent_ms == 19696})
     assert learned.groups[current_groups(learned, m.socks, m.table)[0]] == (0, 1)
+
+
+def test_probe_reads_every_few_seconds_when_polled_and_at_once_at_a_window_end(monkeypatch):
+    # measured in the watch on the 8-rank mix: its confirmation came 1-3 s after the ranks began to
+    # wait, and the newest read (a poll's, up to 2 s older) saw them before they did
+    from scout_sys.model import Job, Rank
+    from scout_sys.probes import pgroups
+
+    clock = [100.0]
+    monkeypatch.setattr(pgroups.time, "monotonic", lambda: clock[0])
+    p = pgroups.ProcessGroupProbe(every=2.0)
+    p.start(Job(ranks=(Rank(rank=0, pid=os.getpid(), host="h"),), world_size=1, launcher="explicit",
+                launcher_pid=None, host="h"))
+    reads = []
+    for dt in (0.0, 0.5, 0.5, 0.5, 0.5, 1.3, 0.5):  # polls every 0.5 s, then a 1.3 s window's end
+        clock[0] += dt
+        reads.append(len(p.sample(clock[0])))
+    assert reads == [1, 0, 0, 0, 1, 1, 0], reads

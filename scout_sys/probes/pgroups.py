@@ -36,6 +36,7 @@ from scout_sys.probes import Health
 
 LISTEN, ESTABLISHED = 10, 1
 QUIET_MS = 500  # a waiting rank's last send is at least this old
+WINDOW_END = 1.0  # s without a call: the next one ends a window (the watch polls every 0.5 s)
 LATE_WRITE_MS = 50  # an answered send written this much after the wait's own send (see current_groups)
 
 
@@ -319,6 +320,7 @@ class ProcessGroupProbe:
         self.every = every  # seconds between two reads (a watch polls twice a second)
         self._job: Job | None = None
         self._last = float("-inf")
+        self._called = float("-inf")
         self._notes: tuple[str, ...] = ()
 
     def check(self) -> str | None:
@@ -335,7 +337,11 @@ class ProcessGroupProbe:
     def sample(self, now: float | None = None) -> list[Observation]:
         job = self._job
         t = time.monotonic()
-        if job is None or t - self._last < self.every:
+        # Polled (called again within WINDOW_END s): read every ``every`` s. A call after a longer quiet
+        # ends a window (diagnose, the watch's confirmation): read now, or the graph would judge the
+        # ranks' waits by a read from before they began.
+        polled, self._called = t - self._called < WINDOW_END, t
+        if job is None or (polled and t - self._last < self.every):
             return []
         self._last = t
         socks = {r.rank: socket_fds(r.pid, self.proc) for r in job.ranks}
