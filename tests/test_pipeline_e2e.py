@@ -5,7 +5,8 @@ One job per layout carries several faults one after another (a control directory
 after its step), a stop (SIGSTOP; SIGCONT from the test) and last an exit (a helper keeps the sockets
 open, so the peers keep waiting), each at another position. A watch started with the job (before
 its ranks exist) opens one incident per fault, on exactly the faulty rank; `diagnose` attached late
-names it too, with the wait-for edges and chains in its JSON. The healthy job names nobody.
+names it too, with the wait-for edges and chains in its JSON (the watch's stall incident too; a stop
+or an exit may be confirmed before the others' waits can be read). The healthy job names nobody.
 
 - torch pipelining, 4 stages, Schedule1F1B, the default group as the pipeline group: every stage
   waits in point-to-point calls of one group (first stage stalled, last stage stopped, a middle
@@ -86,6 +87,9 @@ def _run(job, w, ctl, faults, check_graph) -> None:
         e = w.wait_event(lambda e, k=KIND[fault]: e["event"] == "incident_opened" and e["incident"]["kind"] == k,
                          timeout=60)
         assert e["incident"]["ranks"] == [rank], e
+        if fault == "stall":  # confirmed after --stall-after, the ranks long in their waits: the graph too
+            chains = [x["chain"] for x in e["incident"]["evidence"] if "chain" in x]
+            assert chains and all(c[-1] == rank for c in chains), e["incident"]["evidence"]
         d = _answer(late)
         assert origins(d) == [(KIND[fault], "attributed", [rank])], (rank, fault, d["incidents"], d["notes"])
         if fault != "exit":  # an exited rank's sockets are gone: its groups cannot be learned
