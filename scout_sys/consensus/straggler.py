@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scout_sys.consensus import c3
+from scout_sys.consensus.peers import work_groups
 from scout_sys.model import (
     ATTRIBUTED,
     STRAGGLER,
@@ -135,27 +136,43 @@ def _outliers(values: Mapping[int, float], floor: float) -> tuple[tuple[int, ...
 
 
 def window_verdict(job: Job, obs: Sequence[Observation], start: float, end: float) -> WindowVerdict:
-    """The outliers of one window, across the job's peer groups (the first group with data)."""
-    for group in job.groups():
-        live = [r for r in group if r in job.by_rank()]
-        if len(live) < 3:
-            continue  # two ranks cannot outvote each other
-        lags, period = _lags(obs, live, start, end)
-        busy = _busy(obs, live)
-        if lags:
-            floor = max(LAG_FLOOR, LAG_FLOOR_OF_PERIOD * (period or 0.0))
-            sus, med, thr = _outliers(lags, floor)
-            slack = None
-            if sus and period and len(busy) == len(live):
-                peers = [r for r in live if r not in sus]
-                wait = (max(lags[r] for r in sus) - med) / period
-                slack = 1.0 - statistics.median(busy[r] for r in peers) - wait
-                if slack > SLACK_MAX:
-                    sus = ()
-            return WindowVerdict(start, end, "lag", lags, sus, med, thr, period, slack, periods(obs, start, end))
-        if len(busy) == len(live):
-            sus, med, thr = _outliers(busy, BUSY_FLOOR)
-            return WindowVerdict(start, end, "busy", busy, sus, med, thr, None, None, periods(obs, start, end))
+    """The outliers of one window, within each group of ranks that do the same work
+    (consensus/peers.py: a pipeline's stages apart). Groups judged by the same measure are merged:
+    their values side by side, the median and threshold of the first group with an outlier."""
+    found = [w for w in (_group_verdict(job, g, obs, start, end) for g in work_groups(job)) if w.metric]
+    if not found:
+        return WindowVerdict(start, end, "")
+    same = [w for w in found if w.metric == found[0].metric]
+    if len(same) == 1:
+        return same[0]
+    lead = next((w for w in same if w.suspects), same[0])
+    values = {r: v for w in same for r, v in w.values.items()}
+    suspects = tuple(sorted(r for w in same for r in w.suspects))
+    return WindowVerdict(start, end, lead.metric, values, suspects, lead.median, lead.threshold, lead.period,
+                         lead.slack, lead.periods)
+
+
+def _group_verdict(job: Job, group: Sequence[int], obs: Sequence[Observation], start: float,
+                   end: float) -> WindowVerdict:
+    live = [r for r in group if r in job.by_rank()]
+    if len(live) < 3:
+        return WindowVerdict(start, end, "")  # two ranks cannot outvote each other
+    lags, period = _lags(obs, live, start, end)
+    busy = _busy(obs, live)
+    if lags:
+        floor = max(LAG_FLOOR, LAG_FLOOR_OF_PERIOD * (period or 0.0))
+        sus, med, thr = _outliers(lags, floor)
+        slack = None
+        if sus and period and len(busy) == len(live):
+            peers = [r for r in live if r not in sus]
+            wait = (max(lags[r] for r in sus) - med) / period
+            slack = 1.0 - statistics.median(busy[r] for r in peers) - wait
+            if slack > SLACK_MAX:
+                sus = ()
+        return WindowVerdict(start, end, "lag", lags, sus, med, thr, period, slack, periods(obs, start, end))
+    if len(busy) == len(live):
+        sus, med, thr = _outliers(busy, BUSY_FLOOR)
+        return WindowVerdict(start, end, "busy", busy, sus, med, thr, None, None, periods(obs, start, end))
     return WindowVerdict(start, end, "")
 
 
@@ -244,7 +261,7 @@ def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any])
             w = collective_of(main.frames)
             stacks.setdefault(rank, []).append(("coll", w.op, w.site) if w else ("place", location_of(main.frames)))
     out: dict[int, tuple[int, int, str]] = {}
-    for group in job.groups():
+    for group in work_groups(job):
         ranks = [r for r in group if len(stacks.get(r, ())) >= 3]
         if len(ranks) < 3:
             continue

@@ -32,7 +32,7 @@ from scout_sys.model import Diagnosis, Incident
 from scout_sys.report import printable, render
 from scout_sys.text import compress
 from scout_sys.tui.source import Source, save_report
-from scout_sys.tui.state import category, group_stacks, parse_filter, suspects
+from scout_sys.tui.state import category, group_stacks, parse_filter, peer_blocks, peers_title, suspects
 from scout_sys.tui.widgets import (
     Cell,
     DevicePanel,
@@ -247,10 +247,13 @@ class ScoutApp(App[int]):
         self._render_all(s)
 
     def watch_group_by(self, _: str) -> None:
-        self.query_one("#grid-scroll").border_title = "ranks by host" if self.group_by == "host" else \
-            "ranks by peer group"
+        self._grid_title()
         if self.snapshot is not None:
             self._render_all(self.snapshot)
+
+    def _grid_title(self) -> None:
+        self.query_one("#grid-scroll").border_title = "ranks by host" if self.group_by == "host" else \
+            peers_title(self.snapshot.job if self.snapshot is not None else None)
 
     def action_group(self) -> None:
         self.group_by = "peers" if self.group_by == "host" else "host"
@@ -276,11 +279,13 @@ class ScoutApp(App[int]):
         visible: list[int] = []
         block: dict[int, str] = {}
         if self.group_by == "peers":
-            for i, grp in enumerate(s.job.groups()):
+            blocks = peer_blocks(s.job)
+            for label, grp in blocks:
                 for r in grp:
-                    block.setdefault(r, f"peers {i}")
-            order = [r for grp in s.job.groups() for r in grp]
+                    block.setdefault(r, label)
+            order = [r for _, grp in blocks for r in grp]
             everyone = list(dict.fromkeys(order + everyone))
+            self._grid_title()
         for r in everyone:
             rk = by_rank.get(r)
             host = rk.host if rk else s.job.host
