@@ -54,7 +54,7 @@ def test_with_learned_gives_the_job_its_peers_and_coordinates():
     job = peers.with_learned(_job(), [_sample(MEGATRON_4)])
     assert job.peer_groups == ((0, 2), (1, 3)) and peers.is_learned(job)
     assert dict(job.by_rank()[3].coords) == {"dp": 1, "tp": 1}
-    assert sum(n.startswith("peer groups " + peers.LEARNED) for n in job.notes) == 1
+    assert sum(n.startswith("peer groups from " + peers.LEARNED) for n in job.notes) == 1
     again = peers.with_learned(job, [_sample(MEGATRON_4, t=2.0)])
     assert again is job  # unchanged: the same object, no second note
     assert peers.with_learned(job, []) is job  # a learned layout is kept between two samples

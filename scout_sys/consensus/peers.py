@@ -108,10 +108,11 @@ def with_learned(job: Job, obs: Sequence[Observation]) -> Job:
     if groups == job.peer_groups and is_learned(job):
         return job
     ranks = tuple(replace(r, coords=tuple(lay.coords(r.rank).items())) for r in job.ranks)
-    source = f"{LEARNED}: {lay.describe()}"
-    note = "peer groups " + source + ": " + "; ".join(
+    dims = ",".join(f"{d}={n}" for d, n in lay.sizes)
+    source = f"{LEARNED}: {dims} (read with tp fastest, as Megatron-Core, DeepSpeed and TorchTitan order ranks)"
+    note = "peer groups from " + source + ": " + "; ".join(
         "(" + ",".join(map(str, g)) + ")" for g in groups[:8]) + (" ..." if len(groups) > 8 else "")
-    notes = tuple(n for n in job.notes if not n.startswith("peer groups " + LEARNED)) + (note,)
+    notes = tuple(n for n in job.notes if not n.startswith("peer groups from " + LEARNED)) + (note,)
     return replace(job, ranks=ranks, peer_groups=groups, layout=source, notes=notes)
 
 

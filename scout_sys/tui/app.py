@@ -31,6 +31,7 @@ from scout_sys.errors import NoRanks, ScoutError, TargetGone
 from scout_sys.model import Diagnosis, Incident
 from scout_sys.report import printable, render
 from scout_sys.text import compress
+from scout_sys.tui.chains import chains_text
 from scout_sys.tui.source import Source, save_report
 from scout_sys.tui.state import category, group_stacks, parse_filter, peer_blocks, peers_title, suspects
 from scout_sys.tui.widgets import (
@@ -88,6 +89,7 @@ class ScoutApp(App[int]):
         Binding("slash", "filter", "filter"),
         Binding("enter", "details", "details"),
         Binding("g", "group", "hosts/peers"),
+        Binding("w", "chains", "wait-for"),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
         Binding("escape", "clear_filter", "clear filter", show=False),
@@ -395,6 +397,12 @@ class ScoutApp(App[int]):
             rank = min(sus) if sus else (self._visible[0] if self._visible else None)
         if rank is not None:
             self._rank_details(rank)
+
+    def action_chains(self) -> None:
+        """Who waits for whom: from the selected rank (or each chain of the open incidents) to its origin."""
+        s = self.snapshot
+        if s is not None:
+            self.push_screen(TextScreen("wait-for chains", chains_text(s.incidents, s.views, self.selected)))
 
     def action_help(self) -> None:
         t = help_text()
