@@ -42,6 +42,19 @@ def test_no_graph_says_so():
     assert chains_text((), {}).plain.startswith("no wait-for chain")
 
 
+def test_a_chain_that_ends_at_no_origin_says_where_it_ends():
+    from dataclasses import replace
+
+    from scout_sys.model import INCONCLUSIVE
+
+    s = _snapshot()
+    inc = replace(s.incidents[0], status=INCONCLUSIVE, ranks=())
+    views = {**s.views, 2: replace(s.views[3], rank=2, collective="broadcast at t.py:5")}
+    text = chains_text([inc], views, selected=0).plain
+    assert "ORIGIN" not in text
+    assert "└▶ rank 2  waiting in broadcast at t.py:5 (the chain ends here, not at an origin)" in text, text
+
+
 def test_w_opens_the_chain_of_the_selected_rank():
     async def run() -> str:
         app = make_app(ReportSource(REPORT))

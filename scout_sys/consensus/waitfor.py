@@ -324,9 +324,17 @@ def chain_text(graph: Graph, chain: Sequence[int], waits: Mapping[int, Wait]) ->
             w = waits.get(r)
             state = "is not observed on this host" if w is None else (
                 "waits in another collective of its group" if graph.kinds.get(r) == DESYNC_STATE
-                else f"is {w.state}")
+                else _waiting_end(w) if w.state == "waiting" else f"is {w.state}")
             parts.append(f"{head} {state}")
     return " ".join(parts)
+
+
+def _waiting_end(w: Wait) -> str:
+    """A chain that ends at a rank that waits itself: where, and why it goes no further."""
+    where = f"waits in {w.collective}" if w.collective else "waits"
+    if w.group is None:
+        return f"{where} (its process group is not known)"
+    return f"{where}, where its group's other waiting members are in another collective (no strict majority)"
 
 
 # --------------------------------------------------------------------------- the seam in consensus/hang.py

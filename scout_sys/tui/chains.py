@@ -137,7 +137,9 @@ def chains_text(incidents: Sequence[Incident], views: Mapping[int, Any], selecte
                     if where:
                         t.append(" at " + printable(where), "dim")
                 else:
-                    t.append(f"  {printable(state)} (the chain ends here; not an origin)")
+                    coll = getattr(v, "collective", "") if state == "waiting" else ""
+                    t.append(f"  {printable(state)}" + (f" in {printable(coll)}" if coll else "") +
+                             " (the chain ends here, not at an origin)")
             t.append("\n")
         t.append("\n")
     return t
