@@ -34,7 +34,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from scout_sys.model import Job, Observation, ProcessGroupSample
+from scout_sys.consensus.waitfor import latest_groups
+from scout_sys.model import Job, Observation
 from scout_sys.topology import Layout
 
 LEARNED = "process groups learned from the ranks' connections"
@@ -84,21 +85,13 @@ def layout_of(groups: Sequence[Sequence[int]], world_size: int) -> Layout | None
     return Layout(tuple(reversed(dims)), names, "learned")
 
 
-def latest_sample(obs: Sequence[Observation]) -> ProcessGroupSample | None:
-    best = None
-    for o in obs:
-        if isinstance(o, ProcessGroupSample) and o.groups and (best is None or o.time >= best.time):
-            best = o
-    return best
-
-
 def with_learned(job: Job, obs: Sequence[Observation]) -> Job:
     """``job`` with its peer groups and coordinates from the newest learned process groups in
     ``obs``, unless the job came with a layout (``--topology`` or a framework's, which win). A job
     whose groups say nothing readable stays as it was (a layout learned before is kept)."""
     if job.layout and not is_learned(job):
         return job
-    sample = latest_sample(obs)
+    sample = latest_groups(obs)
     if sample is None or sample.partial:
         return job
     lay = layout_of(sample.groups, job.world_size)
