@@ -97,3 +97,12 @@ def test_dashboard_blocks_say_the_shared_coordinates():
     assert peers_title(job) == f"ranks by peer group ({peers.LEARNED})"
     assert peer_blocks(_job()) == [("peers 0", (0, 1, 2, 3))]
     assert peers_title(_job()) == "ranks by peer group (layout unknown: the whole job)"
+
+
+def test_dp_pp_without_tp_reads_as_tp_dp():
+    # documented limit (docs/layouts.md): a DeviceMesh ("dp", "pp") (pp fastest) reads as tp x dp with
+    # the right replicas; DeepSpeed's pipeline engine (dp fastest) with the wrong ones
+    mesh = [[0, 1], [2, 3], [4, 5], [6, 7], [0, 2, 4, 6], [1, 3, 5, 7]]
+    assert peers.layout_of(mesh, 8).groups() == ((0, 2, 4, 6), (1, 3, 5, 7))
+    deepspeed = [[0, 1], [2, 3], [0, 2], [1, 3]]
+    assert peers.layout_of(deepspeed, 4).groups() == ((0, 2), (1, 3))  # truly (0, 1), (2, 3)

@@ -16,9 +16,9 @@ torch's DeviceMesh declared as (pp, dp, tp)): tensor-parallel fastest, pipeline 
 - two axes: ``tp`` × ``dp``;  three axes: ``tp`` × ``dp`` × ``pp``;
 - one family covering the job, or more than three axes: nothing is read (the whole job).
 
-A dp × pp job with no tensor parallelism (DeepSpeed's pipeline engine) is read as tp × dp by this
-rule: its stragglers are still compared over the whole job, but its peer groups are wrong — pass
-``--topology`` there. Groups with members on other hosts are not read (the whole job).
+A dp × pp job with no tensor parallelism has the same shape and is read as tp × dp by this rule:
+its stragglers are compared over the whole job (as without a layout), and when dp is its fastest
+axis (DeepSpeed's pipeline engine) its peer groups are wrong — pass ``--topology`` there. Groups with members on other hosts are not read (the whole job).
 
 *Equivalent peers* (:meth:`Job.groups`, replicas: every coordinate but dp equal) are what the
 hang votes, the dashboard and the JSON use. Stragglers compare ranks that do the same *work*
