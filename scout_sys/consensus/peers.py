@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import lru_cache
 
 from scout_sys.consensus.waitfor import latest_groups
 from scout_sys.model import Job, Observation
@@ -85,6 +86,13 @@ def layout_of(groups: Sequence[Sequence[int]], world_size: int) -> Layout | None
     return Layout(tuple(reversed(dims)), names, "learned")
 
 
+@lru_cache(maxsize=2)
+def _read(groups: tuple[tuple[int, ...], ...], world_size: int) -> tuple[Layout | None, tuple[tuple[int, ...], ...]]:
+    """The layout and its peer groups, once per set of learned groups (a watch reads them every 2 s)."""
+    lay = layout_of(groups, world_size)
+    return lay, (lay.groups() if lay is not None else ())
+
+
 def with_learned(job: Job, obs: Sequence[Observation]) -> Job:
     """``job`` with its peer groups and coordinates from the newest learned process groups in
     ``obs``, unless the job came with a layout (``--topology`` or a framework's, which win). A job
@@ -94,10 +102,9 @@ def with_learned(job: Job, obs: Sequence[Observation]) -> Job:
     sample = latest_groups(obs)
     if sample is None or sample.partial:
         return job
-    lay = layout_of(sample.groups, job.world_size)
+    lay, groups = _read(tuple(map(tuple, sample.groups)), job.world_size)
     if lay is None:
         return job
-    groups = lay.groups()
     if groups == job.peer_groups and is_learned(job):
         return job
     ranks = tuple(replace(r, coords=tuple(lay.coords(r.rank).items())) for r in job.ranks)
