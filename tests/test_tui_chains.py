@@ -12,7 +12,7 @@ import os
 from scout_sys.tui.app import make_app
 from scout_sys.tui.chains import chains, chains_text
 from scout_sys.tui.source import ReportSource, load_report
-from scout_sys.tui.widgets import TextScreen
+from scout_sys.tui.widgets import RankGrid, TextScreen
 from tests.test_tui_snapshots import snap_compare, utc  # noqa: F401 (fixture: local time in UTC)
 
 REPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "megatron_lock_report.json")
@@ -86,3 +86,19 @@ def test_chain_view_snapshot():
         await pilot.press("left", "w")
 
     snap_compare("wait_for_chains", _snapshot(), run_before=press_w)
+
+
+def test_g_lays_the_grid_out_by_the_learned_peers():
+    async def run() -> tuple[str, list]:
+        app = make_app(ReportSource(REPORT))
+        async with app.run_test(size=(140, 44)) as pilot:
+            while app.snapshot is None:
+                await pilot.pause(0.05)
+            await pilot.press("g")
+            await pilot.pause()
+            grid = app.query_one(RankGrid)
+            return str(app.query_one("#grid-scroll").border_title), [(h, [c.rank for c in cs]) for h, cs in grid._hosts]
+
+    title, blocks = asyncio.run(run())
+    assert title == "ranks by peer group (process groups learned from the ranks' connections)"
+    assert blocks == [("peers 0 (tp=0)", [0, 2]), ("peers 1 (tp=1)", [1, 3])]
