@@ -1,0 +1,262 @@
+"""``watch --cluster`` as a dashboard :class:`~scout_sys.tui.source.Source` with the watch's sinks and
+evidence bundles.
+
+:class:`ClusterSource` is the :class:`~scout_sys.cluster.watch.ClusterWatcher` (suspicion from the
+agents' heartbeats, confirmation windows, the incident book, lost agents) plus what ``watch --job``
+gives a person around its events:
+
+- after each poll, a :class:`~scout_sys.model.Snapshot` of the whole job: every rank with the host
+  its agent reports (the dashboard groups the grid by it), the state from the heartbeats, the place and
+  stack from the last confirmation window, a lost agent's ranks *unknown* (not observed), and one
+  entry per agent (``Snapshot.agents``);
+- the sinks (``--prometheus``, ``--on-incident``, ``--events``: scout_sys/exporters) fed every event
+  and snapshot, as the Watcher's ``sinks`` seam does;
+- an evidence bundle when a hang-like incident opens (scout_sys/watch/bundle.py's folder and modes):
+  the whole-job diagnosis with its ``cluster`` part, each agent's window (its ranks' activities with
+  their main-thread stacks, its records, probes) and the heartbeats the suspicion read.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from scout_sys.cluster import wire
+from scout_sys.cluster.client import to_json
+from scout_sys.cluster.merge import Answer
+from scout_sys.cluster.watch import AgentEvent, Client, ClusterWatcher
+from scout_sys.consensus import hardware
+from scout_sys.errors import ScoutError, StoreUnreachable
+from scout_sys.model import Diagnosis, Event, Evidence, Incident, Job, ProcSample, Rank, RankView, Snapshot
+from scout_sys.watch import HANG_KINDS, bundle
+from scout_sys.watch.views import Views
+
+WAITING = "waiting for the agents' heartbeats…"
+NO_AGENT = "(no agent)"  # the grid's group for ranks no agent reports
+Beats = Mapping[int, tuple[dict[str, Any] | None, str]]
+
+
+class _Tap:
+    """A store client that keeps what the watcher read through it last: the heartbeats, and (from
+    :class:`~scout_sys.cluster.client.ClusterClient`) the last window's answers."""
+
+    def __init__(self, client: Client) -> None:
+        self.inner = client
+        self.beats: Beats = {}
+
+    def heartbeats(self) -> dict[int, tuple[dict[str, Any] | None, str]]:
+        beats = self.inner.heartbeats()
+        self.beats = beats
+        return beats
+
+    def diagnose(self, window: float) -> tuple[Diagnosis, dict[str, Any]]:
+        return self.inner.diagnose(window)
+
+    @property
+    def answers(self) -> Mapping[int, Answer]:
+        return getattr(self.inner, "last_answers", {})
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
+
+
+class ClusterSource(ClusterWatcher):
+    """The whole job live: a Source for the dashboard, and the headless loop (``run``) with sinks."""
+
+    live = True
+
+    def __init__(self, connect: Callable[[], Client], *, store: str, state_dir: str | None = None,
+                 say: Callable[[str], None] = lambda _t: None, **kw: Any) -> None:
+        """``store``: HOST:PORT, for people; ``kw``: ClusterWatcher's (stall_after, interval, clock)."""
+        self._outer_say = say
+        self._said: deque[str] = deque(maxlen=10)
+        super().__init__(lambda: _Tap(connect()), say=self._say, **kw)
+        self.store_name = store
+        self.state_dir = state_dir or bundle.default_state_dir()
+        self.started = self.clock()
+        self.snapshot: Snapshot | None = None
+        self.waiting: str | None = WAITING
+        self.sinks: list[Any] = []  # exporters.Sink: fed every event and snapshot
+        self.views = Views()
+        self.beats: Beats = {}
+        self.answers: Mapping[int, Answer] = {}
+        self._down: dict[int, str] = {}  # node -> why its ranks are not observed (agent_lost)
+        self._hosts: dict[int, str] = {}  # node -> the host it last reported
+        self._shown: Diagnosis | None = None  # the window the views show
+        self._devices: dict[int, dict[str, object]] = {}
+        self._bundle: str | None = None
+
+    @property
+    def ever_opened(self) -> bool:
+        return self.book.ever_opened
+
+    def _say(self, text: str) -> None:
+        self._said.append(text)
+        self._outer_say(text)
+
+    # ------------------------------------------------------------------ one poll
+    def poll(self) -> list[Event | AgentEvent]:
+        t0 = time.monotonic()
+        try:
+            events = super().poll()
+        except StoreUnreachable:
+            self.client = None  # the next poll connects again (the dashboard polls without run())
+            raise
+        tap = self.client
+        if isinstance(tap, _Tap):
+            self.beats = tap.beats
+            if self.last is not self._shown:
+                self.answers = tap.answers
+        events = [self._with_bundle(e) for e in events]
+        for e in events:
+            if isinstance(e, AgentEvent):
+                if e.event == "agent_lost":
+                    self._down[e.node] = e.detail
+                else:
+                    self._down.pop(e.node, None)
+        self._publish()
+        took = time.monotonic() - t0
+        for sink in self.sinks:
+            for e in events:
+                sink.on_event(e)
+            if self.snapshot is not None:
+                sink.on_snapshot(self.snapshot, took)
+        return events
+
+    def diagnose_now(self, window: float = 3.0) -> Diagnosis:
+        """A whole-job window now (the dashboard's ``d``)."""
+        if self.client is None:
+            raise ScoutError(f"the store at {self.store_name} is not reachable right now")
+        return self.client.diagnose(window)[0]
+
+    def close(self) -> None:
+        close = getattr(self.client, "close", None)
+        if close is not None:
+            close()
+        self.client = None
+
+    # ------------------------------------------------------------------ evidence bundles
+    def _with_bundle(self, e: Event | AgentEvent) -> Event | AgentEvent:
+        """A new hang-like incident: save its bundle, and add where it went to the incident."""
+        if not isinstance(e, Event) or e.event != "incident_opened" or e.incident.kind not in HANG_KINDS:
+            return e
+        try:
+            path = save_bundle(self.state_dir, e.incident, self.last, self.cluster, self.answers, self.beats)
+        except OSError as x:
+            self._say(f"cannot save the evidence bundle under {self.state_dir}: {x}")
+            return e
+        self._bundle = path
+        inc = replace(e.incident, evidence=e.incident.evidence + (
+            Evidence("cluster", f"evidence bundle saved to {path}", data={"bundle": path}),))
+        if self.book.open.get(inc.key()) is e.incident:
+            self.book.open[inc.key()] = inc  # the book keeps it ("bundle" evidence stays for life)
+        return replace(e, incident=inc, bundle=path)
+
+    # ------------------------------------------------------------------ the snapshot
+    def _publish(self) -> None:
+        now = self.clock()
+        d = self.last
+        if d is not None and d is not self._shown:  # a new window: its places and stacks
+            self._shown = d
+            self.views.from_window(d)
+            self._devices = {r: s.to_json() for a in self.answers.values() for r, s in
+                             hardware.latest(a.records).items()} or self._devices
+        up = {n: hb for n, (hb, _) in self.beats.items() if hb is not None and n not in self._down}
+        for n, (hb, _) in self.beats.items():
+            if hb is not None:
+                self._hosts[n] = str(hb.get("host", "?"))
+        entries = {n: hb.get("ranks", ()) for n, (hb, _) in self.beats.items() if hb is not None}
+        procs = [ProcSample(time=now, rank=int(x["r"]), pid=int(x.get("pid") or 0), status=str(x.get("s", "unknown")),
+                            main_last_ran=now - float(x.get("p") or 0.0)) for n in up for x in entries[n]]
+        if self.book.of_kinds(HANG_KINDS):  # while a hang is open its window's views stand (witnesses "waiting")
+            procs = [p for p in procs if p.rank not in self.views.views]
+        self.views.from_procs(procs, now)
+        job = self._job(entries, d)
+        unseen = set(job.remote) | {r for r in range(job.world_size) if r not in job.by_rank()
+                                    and r not in job.missing}
+        for r in unseen:  # a lost agent's ranks (and ranks no agent reports): not observed
+            old = self.views.views.get(r)
+            self.views.views[r] = RankView(rank=r, state="unknown", where=old.where if old else "",
+                                           stack=old.stack if old else ())
+        if self.beats and any(hb is not None for hb, _ in self.beats.values()):
+            self.waiting = None
+        elif self.snapshot is None:
+            return
+        notes = [*(d.notes if d is not None else ()), *self._said]
+        self.snapshot = Snapshot(
+            time=now, started=self.started, job=job, views=dict(self.views.views),
+            incidents=tuple(self.book.open.values()), closed=tuple(self.book.closed),
+            probes=dict(d.probes) if d is not None else {}, stall_after=self.stall_after,
+            stacks=dict(self.views.stacks), devices=dict(self._devices), bundle=self._bundle,
+            notes=tuple(notes[-10:]),
+            pauses={int(x["r"]): float(x.get("p") or 0.0) for n in up for x in entries[n]},
+            agents=tuple(self._agents_json()),
+        )
+
+    def _job(self, entries: Mapping[int, Any], d: Diagnosis | None) -> Job:
+        """Every rank an agent reports, with that agent's host (the last window's Rank when it is the same
+        process: devices, coordinates), and the last window's peer groups."""
+        known = d.job.by_rank() if d is not None else {}
+        ranks: dict[int, Rank] = {}
+        ws = 0
+        for n, hb in sorted((n, hb) for n, (hb, _) in self.beats.items() if hb is not None):
+            ws = max(ws, int(hb.get("world_size") or 0))
+            for x in entries[n]:
+                r, pid = int(x["r"]), int(x.get("pid") or 0)
+                k = known.get(r)
+                ranks[r] = k if k is not None and k.pid == pid else Rank(rank=r, pid=pid, host=self._hosts[n],
+                                                                         group_rank=n)
+        missing = tuple(m for m in (d.job.missing if d is not None else ()) if m not in ranks)
+        remote = sorted({r for n in self._down for r in (int(x["r"]) for x in entries.get(n, ()))})
+        lost = len(self._down)
+        return Job(ranks=tuple(ranks[r] for r in sorted(ranks)),
+                   world_size=max(ws, d.job.world_size if d is not None else 0, max(ranks, default=-1) + 1),
+                   launcher=f"{len(self.beats)} agents via {self.store_name}" + (f", {lost} lost" if lost else ""),
+                   launcher_pid=None, host=NO_AGENT, missing=missing,
+                   peer_groups=d.job.peer_groups if d is not None else (), layout=d.job.layout if d is not None else "",
+                   remote=tuple(remote), missing_hosts=d.job.missing_hosts if d is not None else ())
+
+    def _agents_json(self) -> list[dict[str, Any]]:
+        out = []
+        for n, (hb, problem) in sorted(self.beats.items()):
+            state = "lost" if n in self._down else "up" if hb is not None else "never reported"
+            out.append({"node": n, "host": self._hosts.get(n, "?"), "state": state,
+                        "ranks": [int(x["r"]) for x in (hb or {}).get("ranks", ())],
+                        "detail": self._down.get(n) or problem})
+        return out
+
+
+# ---------------------------------------------------------------------- the bundle
+
+
+def save_bundle(state_dir: str, inc: Incident, d: Diagnosis | None, cluster: Mapping[str, Any],
+                answers: Mapping[int, Answer], beats: Beats) -> str:
+    """A cluster incident's bundle; returns its folder. Raises OSError.
+
+    ``diagnosis.json``: the whole-job diagnosis (``scout-sys/diagnosis/v1`` with its ``cluster`` part)
+    and the incident; ``agent-<node>.json``: that agent's window (host, window, probes, its ranks'
+    activities with their main-thread stacks, its records); ``heartbeats.json``: what the suspicion read.
+    """
+    path = bundle.new_folder(state_dir, inc)
+    diag = to_json(d, dict(cluster)) if d is not None else {}
+    diag["incident"] = inc.to_json()
+    bundle.write_json(os.path.join(path, "diagnosis.json"), diag)
+    for n, a in sorted(answers.items()):
+        bundle.write_json(os.path.join(path, f"agent-{n}.json"), {
+            "node": n, "host": a.host, "error": a.error, "window": list(a.window), "probes": dict(a.probes),
+            "notes": list(a.notes), "job": wire.job_to_json(a.job) if a.job is not None else None,
+            "ranks": {str(r): wire.activity_to_json(act) for r, act in sorted(a.acts.items())},
+            "records": [wire.record_to_json(o) for o in a.records]})
+    bundle.write_json(os.path.join(path, "heartbeats.json"),
+                      {str(n): {"heartbeat": {k: v for k, v in (hb or {}).items() if k != "nonce"} or None,
+                                "problem": p} for n, (hb, p) in sorted(beats.items())})
+    return path
+
+
+__all__ = ["NO_AGENT", "WAITING", "ClusterSource", "save_bundle"]
