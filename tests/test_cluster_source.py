@@ -90,3 +90,20 @@ def test_snapshot_by_host_bundle_sinks_and_a_lost_agent(tmp_path):
     back = Snapshot.from_report(json.loads(json.dumps(src.snapshot.to_report())))
     assert [a["host"] for a in back.agents] == ["a", "b"]
     assert {r.rank: r.host for r in back.job.ranks} == {0: "a", 1: "a", 2: "b", 3: "b"}
+
+
+def test_human_lines_name_the_host_and_the_agents(capsys):
+    import argparse
+
+    from scout_sys.cli.watch import _emitter
+    from scout_sys.cluster.watch import AgentEvent
+    from scout_sys.model import Event
+
+    emit = _emitter(argparse.Namespace(json=False), hosts=True)
+    emit(Event("incident_opened", 1000.0, STALL, bundle="/state/bundles/x"))
+    emit(AgentEvent("agent_lost", 1001.0, 1, "b", (2, 3), "no heartbeat for 5 s: its ranks are not observed"))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("OPENED  process_stall (attributed) rank 2 on b: rank 2 stopped"), out
+    assert out[1] == "  evidence saved to /state/bundles/x"
+    assert out[2].endswith("AGENT_LOST agent node 1 (b) lost, ranks 2-3: no heartbeat for 5 s: its ranks are "
+                           "not observed"), out

@@ -23,10 +23,12 @@ examples:
   sudo scout-sys watch --job 12345 --headless --json     # one JSON object per line
   sudo scout-sys watch --job 12345 --stall-after 30      # a job with long, legitimate pauses
   scout-sys watch --report incident.json                 # reopen a saved report in the dashboard
-  scout-sys watch --cluster node0:29450 --token-file T --json   # the whole job through its agents (docs/cluster.md)
+  scout-sys watch --cluster node0:29450 --token-file T   # every host's ranks through their agents (docs/cluster.md)
+  scout-sys watch --cluster node0:29450 --token-file T --headless --json --prometheus 9464
 
 events (--json): {"event": "incident_opened" | "incident_updated" | "incident_closed",
                   "time": <unix s>, "incident": {...same object as diagnose...}, "bundle": <path>}
+  with --cluster also {"event": "agent_lost" | "agent_back", "time", "node", "host", "ranks", "detail"}
 exit status: 0 the job ended without incidents, 1 incidents were opened, 2 could not watch.
 SIGINT / SIGTERM stop the watch cleanly (probes detached).
 """
@@ -49,7 +51,7 @@ def _export_options(w: argparse.ArgumentParser) -> None:
     g = w.add_argument_group("the cluster's tooling")
     g.add_argument("--prometheus", metavar="[ADDR:]PORT",
                    help="serve Prometheus metrics on http://ADDR:PORT/metrics (ADDR default: all interfaces)")
-    g.add_argument("--job-name", metavar="NAME", help="the metrics' job label (default: the launcher's pid)")
+    g.add_argument("--job-name", metavar="NAME", help="the metrics' job label (default: the launcher's pid; with --cluster the store's HOST:PORT)")
     g.add_argument("--on-incident", metavar="CMD",
                    help="run CMD (through sh) on every incident_opened, the event JSON on its stdin")
     g.add_argument("--on-incident-all", action="store_true", help="also on incident_updated and incident_closed")
