@@ -48,6 +48,9 @@ class _Tap:
         self.inner = client
         self.beats: Beats = {}
 
+    def __getattr__(self, name: str) -> Any:  # the rest of the client, as it is
+        return getattr(self.inner, name)
+
     def heartbeats(self) -> dict[int, tuple[dict[str, Any] | None, str]]:
         beats = self.inner.heartbeats()
         self.beats = beats
@@ -67,38 +70,39 @@ class _Tap:
 
 
 class ClusterSource(ClusterWatcher):
-    """The whole job live: a Source for the dashboard, and the headless loop (``run``) with sinks."""
+    """The whole job live: a Source for the dashboard, and the headless loop (``run``) with sinks.
+    Its own state is named ``_src_*``, apart from the ClusterWatcher's."""
 
     live = True
 
     def __init__(self, connect: Callable[[], Client], *, store: str, state_dir: str | None = None,
                  say: Callable[[str], None] = lambda _t: None, **kw: Any) -> None:
         """``store``: HOST:PORT, for people; ``kw``: ClusterWatcher's (stall_after, interval, clock)."""
-        self._outer_say = say
-        self._said: deque[str] = deque(maxlen=10)
-        super().__init__(lambda: _Tap(connect()), say=self._say, **kw)
+        self._src_outer_say = say
+        self._src_said: deque[str] = deque(maxlen=10)
+        super().__init__(lambda: _Tap(connect()), say=self._src_say, **kw)
         self.store_name = store
         self.state_dir = state_dir or bundle.default_state_dir()
         self.started = self.clock()
         self.snapshot: Snapshot | None = None
         self.waiting: str | None = WAITING
         self.sinks: list[Any] = []  # exporters.Sink: fed every event and snapshot
-        self.views = Views()
-        self.beats: Beats = {}
-        self.answers: Mapping[int, Answer] = {}
-        self._down: dict[int, str] = {}  # node -> why its ranks are not observed (agent_lost)
-        self._hosts: dict[int, str] = {}  # node -> the host it last reported
-        self._shown: Diagnosis | None = None  # the window the views show
-        self._devices: dict[int, dict[str, object]] = {}
-        self._bundle: str | None = None
+        self._src_views = Views()
+        self._src_beats: Beats = {}
+        self._src_answers: Mapping[int, Answer] = {}
+        self._src_down: dict[int, str] = {}  # node -> why its ranks are not observed (agent_lost)
+        self._src_hosts: dict[int, str] = {}  # node -> the host it last reported
+        self._src_shown: Diagnosis | None = None  # the window the views show
+        self._src_devices: dict[int, dict[str, object]] = {}
+        self._src_bundle: str | None = None
 
     @property
     def ever_opened(self) -> bool:
         return self.book.ever_opened
 
-    def _say(self, text: str) -> None:
-        self._said.append(text)
-        self._outer_say(text)
+    def _src_say(self, text: str) -> None:
+        self._src_said.append(text)
+        self._src_outer_say(text)
 
     # ------------------------------------------------------------------ one poll
     def poll(self) -> list[Event | AgentEvent]:
@@ -110,17 +114,17 @@ class ClusterSource(ClusterWatcher):
             raise
         tap = self.client
         if isinstance(tap, _Tap):
-            self.beats = tap.beats
-            if self.last is not self._shown:
-                self.answers = tap.answers
-        events = [self._with_bundle(e) for e in events]
+            self._src_beats = tap.beats
+            if self.last is not self._src_shown:
+                self._src_answers = tap.answers
+        events = [self._src_with_bundle(e) for e in events]
         for e in events:
             if isinstance(e, AgentEvent):
                 if e.event == "agent_lost":
-                    self._down[e.node] = e.detail
+                    self._src_down[e.node] = e.detail
                 else:
-                    self._down.pop(e.node, None)
-        self._publish()
+                    self._src_down.pop(e.node, None)
+        self._src_publish()
         took = time.monotonic() - t0
         for sink in self.sinks:
             for e in events:
@@ -142,16 +146,16 @@ class ClusterSource(ClusterWatcher):
         self.client = None
 
     # ------------------------------------------------------------------ evidence bundles
-    def _with_bundle(self, e: Event | AgentEvent) -> Event | AgentEvent:
+    def _src_with_bundle(self, e: Event | AgentEvent) -> Event | AgentEvent:
         """A new hang-like incident: save its bundle, and add where it went to the incident."""
         if not isinstance(e, Event) or e.event != "incident_opened" or e.incident.kind not in HANG_KINDS:
             return e
         try:
-            path = save_bundle(self.state_dir, e.incident, self.last, self.cluster, self.answers, self.beats)
+            path = save_bundle(self.state_dir, e.incident, self.last, self.cluster, self._src_answers, self._src_beats)
         except OSError as x:
-            self._say(f"cannot save the evidence bundle under {self.state_dir}: {x}")
+            self._src_say(f"cannot save the evidence bundle under {self.state_dir}: {x}")
             return e
-        self._bundle = path
+        self._src_bundle = path
         inc = replace(e.incident, evidence=e.incident.evidence + (
             Evidence("cluster", f"evidence bundle saved to {path}", data={"bundle": path}),))
         if self.book.open.get(inc.key()) is e.incident:
@@ -159,76 +163,76 @@ class ClusterSource(ClusterWatcher):
         return replace(e, incident=inc, bundle=path)
 
     # ------------------------------------------------------------------ the snapshot
-    def _publish(self) -> None:
+    def _src_publish(self) -> None:
         now = self.clock()
         d = self.last
-        if d is not None and d is not self._shown:  # a new window: its places and stacks
-            self._shown = d
-            self.views.from_window(d)
-            self._devices = {r: s.to_json() for a in self.answers.values() for r, s in
-                             hardware.latest(a.records).items()} or self._devices
-        up = {n: hb for n, (hb, _) in self.beats.items() if hb is not None and n not in self._down}
-        for n, (hb, _) in self.beats.items():
+        if d is not None and d is not self._src_shown:  # a new window: its places and stacks
+            self._src_shown = d
+            self._src_views.from_window(d)
+            self._src_devices = {r: s.to_json() for a in self._src_answers.values() for r, s in
+                             hardware.latest(a.records).items()} or self._src_devices
+        up = {n: hb for n, (hb, _) in self._src_beats.items() if hb is not None and n not in self._src_down}
+        for n, (hb, _) in self._src_beats.items():
             if hb is not None:
-                self._hosts[n] = str(hb.get("host", "?"))
-        entries = {n: hb.get("ranks", ()) for n, (hb, _) in self.beats.items() if hb is not None}
+                self._src_hosts[n] = str(hb.get("host", "?"))
+        entries = {n: hb.get("ranks", ()) for n, (hb, _) in self._src_beats.items() if hb is not None}
         procs = [ProcSample(time=now, rank=int(x["r"]), pid=int(x.get("pid") or 0), status=str(x.get("s", "unknown")),
                             main_last_ran=now - float(x.get("p") or 0.0)) for n in up for x in entries[n]]
         if self.book.of_kinds(HANG_KINDS):  # while a hang is open its window's views stand (witnesses "waiting")
-            procs = [p for p in procs if p.rank not in self.views.views]
-        self.views.from_procs(procs, now)
-        job = self._job(entries, d)
+            procs = [p for p in procs if p.rank not in self._src_views.views]
+        self._src_views.from_procs(procs, now)
+        job = self._src_job(entries, d)
         unseen = set(job.remote) | {r for r in range(job.world_size) if r not in job.by_rank()
                                     and r not in job.missing}
         for r in unseen:  # a lost agent's ranks (and ranks no agent reports): not observed
-            old = self.views.views.get(r)
-            self.views.views[r] = RankView(rank=r, state="unknown", where=old.where if old else "",
+            old = self._src_views.views.get(r)
+            self._src_views.views[r] = RankView(rank=r, state="unknown", where=old.where if old else "",
                                            stack=old.stack if old else ())
-        if self.beats and any(hb is not None for hb, _ in self.beats.values()):
+        if self._src_beats and any(hb is not None for hb, _ in self._src_beats.values()):
             self.waiting = None
         elif self.snapshot is None:
             return
-        notes = [*(d.notes if d is not None else ()), *self._said]
+        notes = [*(d.notes if d is not None else ()), *self._src_said]
         self.snapshot = Snapshot(
-            time=now, started=self.started, job=job, views=dict(self.views.views),
+            time=now, started=self.started, job=job, views=dict(self._src_views.views),
             incidents=tuple(self.book.open.values()), closed=tuple(self.book.closed),
             probes=dict(d.probes) if d is not None else {}, stall_after=self.stall_after,
-            stacks=dict(self.views.stacks), devices=dict(self._devices), bundle=self._bundle,
+            stacks=dict(self._src_views.stacks), devices=dict(self._src_devices), bundle=self._src_bundle,
             notes=tuple(notes[-10:]),
             pauses={int(x["r"]): float(x.get("p") or 0.0) for n in up for x in entries[n]},
-            agents=tuple(self._agents_json()),
+            agents=tuple(self._src_agents()),
         )
 
-    def _job(self, entries: Mapping[int, Any], d: Diagnosis | None) -> Job:
+    def _src_job(self, entries: Mapping[int, Any], d: Diagnosis | None) -> Job:
         """Every rank an agent reports, with that agent's host (the last window's Rank when it is the same
         process: devices, coordinates), and the last window's peer groups."""
         known = d.job.by_rank() if d is not None else {}
         ranks: dict[int, Rank] = {}
         ws = 0
-        for n, hb in sorted((n, hb) for n, (hb, _) in self.beats.items() if hb is not None):
+        for n, hb in sorted((n, hb) for n, (hb, _) in self._src_beats.items() if hb is not None):
             ws = max(ws, int(hb.get("world_size") or 0))
             for x in entries[n]:
                 r, pid = int(x["r"]), int(x.get("pid") or 0)
                 k = known.get(r)
-                ranks[r] = k if k is not None and k.pid == pid else Rank(rank=r, pid=pid, host=self._hosts[n],
+                ranks[r] = k if k is not None and k.pid == pid else Rank(rank=r, pid=pid, host=self._src_hosts[n],
                                                                          group_rank=n)
         missing = tuple(m for m in (d.job.missing if d is not None else ()) if m not in ranks)
-        remote = sorted({r for n in self._down for r in (int(x["r"]) for x in entries.get(n, ()))})
-        lost = len(self._down)
+        remote = sorted({r for n in self._src_down for r in (int(x["r"]) for x in entries.get(n, ()))})
+        lost = len(self._src_down)
         return Job(ranks=tuple(ranks[r] for r in sorted(ranks)),
                    world_size=max(ws, d.job.world_size if d is not None else 0, max(ranks, default=-1) + 1),
-                   launcher=f"{len(self.beats)} agents via {self.store_name}" + (f", {lost} lost" if lost else ""),
+                   launcher=f"{len(self._src_beats)} agents via {self.store_name}" + (f", {lost} lost" if lost else ""),
                    launcher_pid=None, host=NO_AGENT, missing=missing,
                    peer_groups=d.job.peer_groups if d is not None else (), layout=d.job.layout if d is not None else "",
                    remote=tuple(remote), missing_hosts=d.job.missing_hosts if d is not None else ())
 
-    def _agents_json(self) -> list[dict[str, Any]]:
+    def _src_agents(self) -> list[dict[str, Any]]:
         out = []
-        for n, (hb, problem) in sorted(self.beats.items()):
-            state = "lost" if n in self._down else "up" if hb is not None else "never reported"
-            out.append({"node": n, "host": self._hosts.get(n, "?"), "state": state,
+        for n, (hb, problem) in sorted(self._src_beats.items()):
+            state = "lost" if n in self._src_down else "up" if hb is not None else "never reported"
+            out.append({"node": n, "host": self._src_hosts.get(n, "?"), "state": state,
                         "ranks": [int(x["r"]) for x in (hb or {}).get("ranks", ())],
-                        "detail": self._down.get(n) or problem})
+                        "detail": self._src_down.get(n) or problem})
         return out
 
 
