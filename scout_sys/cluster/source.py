@@ -31,6 +31,7 @@ from scout_sys.cluster.merge import Answer
 from scout_sys.cluster.watch import AgentEvent, Client, ClusterWatcher
 from scout_sys.consensus import hardware
 from scout_sys.errors import ScoutError, StoreUnreachable
+from scout_sys.exporters import feed
 from scout_sys.model import Diagnosis, Event, Evidence, Incident, Job, ProcSample, Rank, RankView, Snapshot
 from scout_sys.watch import HANG_KINDS, bundle
 from scout_sys.watch.views import Views
@@ -125,12 +126,7 @@ class ClusterSource(ClusterWatcher):
                 else:
                     self._src_down.pop(e.node, None)
         self._src_publish()
-        took = time.monotonic() - t0
-        for sink in self.sinks:
-            for e in events:
-                sink.on_event(e)
-            if self.snapshot is not None:
-                sink.on_snapshot(self.snapshot, took)
+        feed(self.sinks, events, self.snapshot, time.monotonic() - t0)
         return events
 
     def diagnose_now(self, window: float = 3.0) -> Diagnosis:
