@@ -73,7 +73,13 @@ def test_snapshot_by_host_bundle_sinks_and_a_lost_agent(tmp_path):
     assert opened[0] in rec.events and rec.snapshots[-1] is src.snapshot
     assert src.snapshot.views[2].state == "stopped"
 
-    # node 1's agent stops reporting: its ranks are unknown (not observed), the agent entry says lost
+    # node 1's agent stops reporting: the next window says its ranks are not observed: at once unknown
+    s.unobserved = [{"rank": 2, "host": "b", "node": 1}, {"rank": 3, "host": "b", "node": 1}]
+    s.now += 3.0  # the next confirmation is due (every 5 s while the stall stays); the agent is not lost yet
+    ev = _poll(src, s, 1, nodes=(0,))
+    assert not any(e.event.startswith("agent") for e in ev) and s.windows == 2
+    assert {r: v.state for r, v in src.snapshot.views.items() if r >= 2} == {2: "unknown", 3: "unknown"}
+    # then the agent is lost: the agent entry says so
     ev = _poll(src, s, 8, nodes=(0,))
     assert [(e.event, e.node) for e in ev if e.event.startswith("agent")] == [("agent_lost", 1)]
     snap = src.snapshot

@@ -179,7 +179,7 @@ class ClusterSource(ClusterWatcher):
         self._src_views.from_procs(procs, now)
         job = self._src_job(entries, d)
         unseen = set(job.remote) | {r for r in range(job.world_size) if r not in job.by_rank()
-                                    and r not in job.missing}
+                                    and r not in job.missing} | self._src_unanswered(d)
         for r in unseen:  # a lost agent's ranks (and ranks no agent reports): not observed
             old = self._src_views.views.get(r)
             self._src_views.views[r] = RankView(rank=r, state="unknown", where=old.where if old else "",
@@ -198,6 +198,18 @@ class ClusterSource(ClusterWatcher):
             pauses={int(x["r"]): float(x.get("p") or 0.0) for n in up for x in entries[n]},
             agents=tuple(self._src_agents()),
         )
+
+    def _src_unanswered(self, d: Diagnosis | None) -> set[int]:
+        """Ranks the last window could not see (their agent did not answer), until that agent reports
+        again: the heartbeat it left behind says nothing of them now."""
+        if d is None:
+            return set()
+        out = set()
+        for u in self.cluster.get("not_observed", ()):
+            hb = self._src_beats.get(u.get("node"), (None, ""))[0] if u.get("node") is not None else None
+            if hb is None or float(hb.get("time", 0.0)) <= d.time:
+                out.add(int(u["rank"]))
+        return out
 
     def _src_job(self, entries: Mapping[int, Any], d: Diagnosis | None) -> Job:
         """Every rank an agent reports, with that agent's host (the last window's Rank when it is the same
