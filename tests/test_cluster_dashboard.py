@@ -96,7 +96,7 @@ def test_dashboard_events_file_bundle_and_metrics_of_a_hang_on_node_1(cluster, t
     assert rc == 1 and code == 1, "".join(w.err)
     # --events FILE holds exactly what the headless stream printed, agent events included
     assert [json.loads(ln) for ln in w.out] == [json.loads(ln) for ln in w.events_file.read_text().splitlines()]
-    assert [e["event"] for e in map(json.loads, w.out)][-1] == "agent_lost"
+    assert "agent_lost" in [e["event"] for e in map(json.loads, w.out)]
 
 
 async def _drive(c: Cluster, src: ClusterSource, w: Headless) -> int:
