@@ -53,6 +53,7 @@ def test_snapshot_by_host_bundle_sinks_and_a_lost_agent(tmp_path):
     assert snap.job.launcher == "2 agents via node0:29450" and snap.job.world_size == 4
     assert {r: v.state for r, v in snap.views.items()} == dict.fromkeys(range(4), "running")  # paused 0.1 s
     assert [a["state"] for a in snap.agents] == ["up", "up"] and snap.pauses[3] == 0.1
+    assert src.diagnose_now().healthy and s.windows == 1  # the dashboard's d: one whole-job window
 
     s.status[2], s.verdict = "stopped", (STALL,)
     ev = _poll(src, s, 2)
@@ -77,7 +78,7 @@ def test_snapshot_by_host_bundle_sinks_and_a_lost_agent(tmp_path):
     s.unobserved = [{"rank": 2, "host": "b", "node": 1}, {"rank": 3, "host": "b", "node": 1}]
     s.now += 3.0  # the next confirmation is due (every 5 s while the stall stays); the agent is not lost yet
     ev = _poll(src, s, 1, nodes=(0,))
-    assert not any(e.event.startswith("agent") for e in ev) and s.windows == 2
+    assert not any(e.event.startswith("agent") for e in ev) and s.windows == 3
     assert {r: v.state for r, v in src.snapshot.views.items() if r >= 2} == {2: "unknown", 3: "unknown"}
     # then the agent is lost: the agent entry says so
     ev = _poll(src, s, 8, nodes=(0,))

@@ -130,10 +130,12 @@ class ClusterSource(ClusterWatcher):
         return events
 
     def diagnose_now(self, window: float = 3.0) -> Diagnosis:
-        """A whole-job window now (the dashboard's ``d``)."""
+        """A whole-job window now (the dashboard's ``d``); its places and stacks are shown from the next poll."""
         if self.client is None:
             raise ScoutError(f"the store at {self.store_name} is not reachable right now")
-        return self.client.diagnose(window)[0]
+        d = self.client.diagnose(window)[0]
+        self._src_views.from_window(d)  # never during a poll: the dashboard calls its source from one thread
+        return d
 
     def close(self) -> None:
         close = getattr(self.client, "close", None)
