@@ -167,8 +167,8 @@ class ClusterSource(ClusterWatcher):
         if d is not None and d is not self._src_shown:  # a new window: its places and stacks
             self._src_shown = d
             self._src_views.from_window(d)
-            self._src_devices = {r: s.to_json() for a in self._src_answers.values() for r, s in
-                             hardware.latest(a.records).items()} or self._src_devices
+            self._src_devices = {r: s.to_json() for a in self._src_answers.values()
+                                 for r, s in hardware.latest(a.records).items()} or self._src_devices
         up = {n: hb for n, (hb, _) in self._src_beats.items() if hb is not None and n not in self._src_down}
         for n, (hb, _) in self._src_beats.items():
             if hb is not None:
@@ -181,11 +181,11 @@ class ClusterSource(ClusterWatcher):
         self._src_views.from_procs(procs, now)
         job = self._src_job(entries, d)
         unseen = set(job.remote) | {r for r in range(job.world_size) if r not in job.by_rank()
-                                    and r not in job.missing} | self._src_unanswered(d)
-        for r in unseen:  # a lost agent's ranks (and ranks no agent reports): not observed
+                                    and r not in job.missing}
+        for r in unseen:  # a lost or silent agent's ranks (and ranks no agent reports): not observed
             old = self._src_views.views.get(r)
             self._src_views.views[r] = RankView(rank=r, state="unknown", where=old.where if old else "",
-                                           stack=old.stack if old else ())
+                                                stack=old.stack if old else ())
         if self._src_beats and any(hb is not None for hb, _ in self._src_beats.values()):
             self.waiting = None
         elif self.snapshot is None:
@@ -227,14 +227,15 @@ class ClusterSource(ClusterWatcher):
                 ranks[r] = k if k is not None and k.pid == pid else Rank(rank=r, pid=pid, host=self._src_hosts[n],
                                                                          group_rank=n)
         missing = tuple(m for m in (d.job.missing if d is not None else ()) if m not in ranks)
-        remote = sorted({r for n in self._src_down for r in (int(x["r"]) for x in entries.get(n, ()))})
+        remote = {r for n in self._src_down for r in (int(x["r"]) for x in entries.get(n, ()))}
+        remote |= self._src_unanswered(d)
         lost = len(self._src_down)
         return Job(ranks=tuple(ranks[r] for r in sorted(ranks)),
                    world_size=max(ws, d.job.world_size if d is not None else 0, max(ranks, default=-1) + 1),
                    launcher=f"{len(self._src_beats)} agents via {self.store_name}" + (f", {lost} lost" if lost else ""),
                    launcher_pid=None, host=NO_AGENT, missing=missing,
                    peer_groups=d.job.peer_groups if d is not None else (), layout=d.job.layout if d is not None else "",
-                   remote=tuple(remote), missing_hosts=d.job.missing_hosts if d is not None else ())
+                   remote=tuple(sorted(remote)), missing_hosts=d.job.missing_hosts if d is not None else ())
 
     def _src_agents(self) -> list[dict[str, Any]]:
         out = []
