@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from scout_sys.cluster import wire
 from scout_sys.cluster.client import to_json
@@ -39,6 +39,22 @@ from scout_sys.watch.views import Views
 WAITING = "waiting for the agents' heartbeats…"
 NO_AGENT = "(no agent)"  # the grid's group for ranks no agent reports
 Beats = Mapping[int, tuple[dict[str, Any] | None, str]]
+
+
+class Beat(NamedTuple):
+    """What the dashboard reads of one rank in a heartbeat."""
+
+    rank: int
+    pid: int | None
+    state: str
+    pause: float  # seconds since the main thread last ran
+
+
+def rank_beats(hb: Mapping[str, Any]) -> list[Beat]:
+    """The ranks of a heartbeat body (``{"ranks": [{"r", "pid", "s", "p"}, ...]}``): the one place this
+    module decodes heartbeats."""
+    return [Beat(int(x["r"]), x.get("pid"), str(x.get("s", "unknown")), float(x.get("p") or 0.0))
+            for x in hb.get("ranks", ())]
 
 
 class _Tap:
@@ -173,9 +189,9 @@ class ClusterSource(ClusterWatcher):
         for n, (hb, _) in self._src_beats.items():
             if hb is not None:
                 self._src_hosts[n] = str(hb.get("host", "?"))
-        entries = {n: hb.get("ranks", ()) for n, (hb, _) in self._src_beats.items() if hb is not None}
-        procs = [ProcSample(time=now, rank=int(x["r"]), pid=int(x.get("pid") or 0), status=str(x.get("s", "unknown")),
-                            main_last_ran=now - float(x.get("p") or 0.0)) for n in up for x in entries[n]]
+        entries = {n: rank_beats(hb) for n, (hb, _) in self._src_beats.items() if hb is not None}
+        procs = [ProcSample(time=now, rank=b.rank, pid=b.pid or 0, status=b.state, main_last_ran=now - b.pause)
+                 for n in up for b in entries[n]]
         if self.book.of_kinds(HANG_KINDS):  # while a hang is open its window's views stand (witnesses "waiting")
             procs = [p for p in procs if p.rank not in self._src_views.views]
         self._src_views.from_procs(procs, now)
@@ -197,7 +213,7 @@ class ClusterSource(ClusterWatcher):
             probes=dict(d.probes) if d is not None else {}, stall_after=self.stall_after,
             stacks=dict(self._src_views.stacks), devices=dict(self._src_devices), bundle=self._src_bundle,
             notes=tuple(notes[-10:]),
-            pauses={int(x["r"]): float(x.get("p") or 0.0) for n in up for x in entries[n]},
+            pauses={b.rank: b.pause for n in up for b in entries[n]},
             agents=tuple(self._src_agents()),
         )
 
@@ -221,13 +237,12 @@ class ClusterSource(ClusterWatcher):
         ws = 0
         for n, hb in sorted((n, hb) for n, (hb, _) in self._src_beats.items() if hb is not None):
             ws = max(ws, int(hb.get("world_size") or 0))
-            for x in entries[n]:
-                r, pid = int(x["r"]), int(x.get("pid") or 0)
-                k = known.get(r)
-                ranks[r] = k if k is not None and k.pid == pid else Rank(rank=r, pid=pid, host=self._src_hosts[n],
-                                                                         group_rank=n)
+            for b in entries[n]:
+                k = known.get(b.rank)
+                ranks[b.rank] = k if k is not None and k.pid == b.pid else Rank(
+                    rank=b.rank, pid=b.pid or 0, host=self._src_hosts[n], group_rank=n)
         missing = tuple(m for m in (d.job.missing if d is not None else ()) if m not in ranks)
-        remote = {r for n in self._src_down for r in (int(x["r"]) for x in entries.get(n, ()))}
+        remote = {b.rank for n in self._src_down for b in entries.get(n, ())}
         remote |= self._src_unanswered(d)
         lost = len(self._src_down)
         return Job(ranks=tuple(ranks[r] for r in sorted(ranks)),
@@ -242,7 +257,7 @@ class ClusterSource(ClusterWatcher):
         for n, (hb, problem) in sorted(self._src_beats.items()):
             state = "lost" if n in self._src_down else "up" if hb is not None else "never reported"
             out.append({"node": n, "host": self._src_hosts.get(n, "?"), "state": state,
-                        "ranks": [int(x["r"]) for x in (hb or {}).get("ranks", ())],
+                        "ranks": [b.rank for b in rank_beats(hb or {})],
                         "detail": self._src_down.get(n) or problem})
         return out
 
