@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from scout_sys.consensus import hardware, lifecycle
+from scout_sys.exporters import feed
 from scout_sys.job import find_job
 from scout_sys.model import (
     DESYNC,
@@ -190,12 +191,7 @@ class Watcher:
         """One iteration: its events; the sinks get them and the new snapshot."""
         t0 = time.monotonic()
         events = self._poll()
-        took = time.monotonic() - t0
-        for sink in self.sinks:
-            for e in events:
-                sink.on_event(e)
-            if self.snapshot is not None:
-                sink.on_snapshot(self.snapshot, took)
+        feed(self.sinks, events, self.snapshot, time.monotonic() - t0)
         return events
 
     def _poll(self) -> list[Event]:
