@@ -1,0 +1,461 @@
+"""The job's NCCL process groups, learned from communicator creation (uprobes, ``comms.bpf.c``).
+
+Every NCCL communicator is made by one of (all of them are probed, entry and return):
+
+- ``ncclCommInitRank(comm*, nranks, ncclUniqueId id, rank)`` / ``ncclCommInitRankConfig(...,
+  config*)`` / ``ncclCommInitRankScalable(comm*, nranks, rank, nId, ids*, config*)``: the members of
+  one communicator pass the same 128-byte id (made by one of them with ``ncclGetUniqueId`` and
+  shared through the c10d store), each its own rank below ``nranks``;
+- ``ncclCommSplit(parent, color, key, newcomm*, config*)``: collective over the parent, every member
+  calls it, in the same order; the members passing one color form one new communicator (``-1``,
+  ``NCCL_SPLIT_NOCOLOR``: none), ordered by key.
+
+So, per rank process (its global rank from its environ, as ``job.ranks`` has it): the creation calls
+in order, and from the uretprobe the handle NCCL stored in ``*newcomm``. A communicator made from an
+id is the set of ranks that passed that id; one made by a split is (the parent's group, the n-th split
+of that parent, the color). A split's parent is found by its handle; the collective probe
+(``CollectiveSample.group_ptr``) reports the same handles, so each NCCL collective maps to its group.
+
+A group is reported when every member's creation was seen (``nranks`` members with ranks 0..n-1; a
+split, when every member of its parent made it). When the job has ranks on other hosts, a group with
+members not seen here is *partial*, as probes/pgroups.py reports it; on one host, a group missing a
+member's creation is left out (its creation came before the probe attached) and said in ``health()``.
+
+Attaching: uprobes sit on the library's inode and fire in every process that maps it, also later;
+the probe can therefore be prepared (compiled and attached) before the ranks exist, from the
+launcher's libraries (``prepare``), so that a watch started with the job sees the communicators made
+in the job's first seconds. Attached after the ranks started, it says that their groups may be
+unknown from this probe. Not probed: ``ncclCommInitAll`` (one process, many devices: no process
+group across ranks), ``ncclCommShrink`` / ``ncclCommGrow`` (fault-tolerance resizing).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from scout_sys.errors import ProbeUnavailable
+from scout_sys.model import Job, Observation, ProcessGroupSample
+from scout_sys.probes.ebpf._common import (
+    BccProbe,
+    Clock,
+    attach_mode_reason,
+    common_reason,
+    host_pid,
+    load_bcc,
+    mapped_libs,
+    render,
+)
+from scout_sys.probes.ebpf._elf import function_symbols
+
+K_INIT, K_INIT_CONFIG, K_SCALABLE, K_SPLIT = 1, 2, 3, 4
+INIT_KINDS = frozenset({K_INIT, K_INIT_CONFIG, K_SCALABLE})
+KIND_NAMES = {K_INIT: "ncclCommInitRank", K_INIT_CONFIG: "ncclCommInitRankConfig",
+              K_SCALABLE: "ncclCommInitRankScalable", K_SPLIT: "ncclCommSplit"}
+FUNCS = {  # symbol -> BPF function (entry); every one also gets comm_return
+    "ncclCommInitRank": "comm_init_rank",
+    "ncclCommInitRankConfig": "comm_init_rank_config",
+    "ncclCommInitRankScalable": "comm_init_rank_scalable",
+    "ncclCommSplit": "comm_split",
+}
+DESTROY = ("ncclCommDestroy", "ncclCommAbort")
+COLL_OPS = {1: "allreduce", 2: "broadcast", 3: "reduce", 4: "allgather", 5: "reduce_scatter", 6: "alltoall",
+            7: "gather", 8: "scatter"}  # as in comms.bpf.c
+COLL_FUNCS = {"ncclAllReduce": "coll_allreduce", "ncclBroadcast": "coll_broadcast", "ncclReduce": "coll_reduce",
+              "ncclAllGather": "coll_allgather", "ncclReduceScatter": "coll_reduce_scatter",
+              "ncclAlltoAll": "coll_alltoall", "ncclGather": "coll_gather", "ncclScatter": "coll_scatter"}
+LIB_PATTERNS = (r"^libnccl\.so", r"^libtorch_cuda\.so")
+SOURCE = "ebpf-comms"
+
+
+# --------------------------------------------------------------------------- learning (pure)
+
+
+@dataclass(frozen=True)
+class Creation:
+    """One creation call of one rank process, as the probe saw it."""
+
+    seq: int  # the process's n-th creation call
+    kind: int
+    nranks: int = 0  # init
+    comm_rank: int = 0  # init: its rank in the communicator; split: its key
+    id: bytes = b""  # init: the ncclUniqueId
+    parent: int = 0  # split: the parent communicator's handle
+    color: int = -1  # split
+    comm: int = 0  # the handle NCCL stored in *newcomm (0: unknown)
+    ret: int | None = None  # ncclResult_t; None: not returned yet
+    ns: int = 0  # when it was called (CLOCK_MONOTONIC)
+
+
+@dataclass(frozen=True)
+class CommCalls:
+    """The collectives one rank called on one communicator made while the probe was attached."""
+
+    rank: int
+    comm: int  # handle
+    calls: int  # collectives entered since it was made: its sequence number, the same on every member
+    last_ns: int = 0
+    last_op: str = ""
+
+
+@dataclass(frozen=True)
+class Communicators:
+    """What :func:`learn` found: groups in the same form as probes/pgroups.py's ``Learned``."""
+
+    groups: tuple[tuple[int, ...], ...]  # global members, sorted; one entry per distinct member set
+    partial: tuple[int, ...] = ()  # indices of groups with members not seen here (other hosts)
+    handles: tuple[tuple[int, int, int], ...] = ()  # (rank, communicator handle, group index)
+    notes: tuple[str, ...] = ()
+    communicators: int = 0  # communicators seen (before member sets were merged)
+
+
+@dataclass
+class _Acc:
+    nranks: int | None  # None: a split (size known only from its parent)
+    members: dict[int, int] = field(default_factory=dict)  # global rank -> order (comm rank / key)
+    parent: tuple | None = None
+    index: int = -1  # split: the n-th split of the parent
+    bad: bool = False
+    first_ns: int = 0  # the earliest member's call (groups are listed in creation order)
+
+
+def learn(records: Mapping[int, Sequence[Creation]], destroyed: Mapping[tuple[int, int], int] | None = None,
+          *, others_elsewhere: bool = False) -> Communicators:
+    """The communicators of ``records`` (global rank -> its creation calls), matched across ranks.
+
+    ``destroyed``: (rank, handle) -> when it was destroyed (ns), so a reused handle maps to the newer
+    communicator only. ``others_elsewhere``: the job has ranks on other hosts (their creations are
+    not seen: a group short of members is partial, not incomplete)."""
+    destroyed = destroyed or {}
+    accs: dict[tuple, _Acc] = {}
+    handle_of: dict[tuple[int, int], tuple[tuple, int]] = {}  # (rank, handle) -> (key, created ns)
+    splits_done: dict[tuple, set[tuple[int, int]]] = {}  # parent key -> {(rank, n)}: n-th split made
+    unresolved = 0
+    for rank, recs in records.items():
+        nth: dict[tuple, int] = {}
+        for c in sorted(recs, key=lambda c: c.seq):
+            key: tuple | None = None
+            if c.kind in INIT_KINDS:
+                if c.nranks <= 0 or not 0 <= c.comm_rank < c.nranks or not any(c.id):
+                    continue  # NCCL rejects these arguments: no communicator
+                key = ("id", c.id)
+                acc = accs.setdefault(key, _Acc(c.nranks, first_ns=c.ns))
+                acc.bad |= acc.nranks != c.nranks or rank in acc.members
+                acc.members[rank] = c.comm_rank
+            elif c.kind == K_SPLIT:
+                parent = _live_handle(handle_of, destroyed, rank, c.parent, c.ns)
+                if parent is None:
+                    unresolved += 1
+                    continue
+                n = nth.get(parent, 0)
+                nth[parent] = n + 1
+                splits_done.setdefault(parent, set()).add((rank, n))
+                if c.color < 0:
+                    continue  # NCCL_SPLIT_NOCOLOR: this rank is in no new communicator
+                key = ("split", parent, n, c.color)
+                acc = accs.setdefault(key, _Acc(None, parent=parent, index=n, first_ns=c.ns))
+                acc.bad |= rank in acc.members
+                acc.members[rank] = c.comm_rank
+            if key is not None:
+                acc.first_ns = min(acc.first_ns, c.ns)
+            if key is not None and c.comm:
+                handle_of[(rank, c.comm)] = (key, c.ns)
+
+    status: dict[tuple, str] = {}  # key -> complete | partial | incomplete | bad
+
+    def judge(key: tuple) -> str:
+        if key in status:
+            return status[key]
+        acc = accs[key]
+        if acc.bad:
+            s = "bad"
+        elif acc.nranks is not None:
+            full = len(acc.members) == acc.nranks and sorted(acc.members.values()) == list(range(acc.nranks))
+            s = "complete" if full else ("partial" if others_elsewhere and len(acc.members) < acc.nranks
+                                         else "incomplete")
+        else:
+            ps = judge(acc.parent) if acc.parent in accs else "incomplete"
+            made = {r for r, n in splits_done.get(acc.parent, ()) if n == acc.index}
+            pmembers = set(accs[acc.parent].members) if acc.parent in accs else set()
+            if ps in ("incomplete", "bad") or not pmembers <= made:
+                s = "incomplete"  # some member of the parent has not made (or we missed) this split
+            else:
+                s = ps
+        status[key] = s
+        return s
+
+    groups: list[tuple[int, ...]] = []
+    partial: list[int] = []
+    index_of: dict[tuple[tuple[int, ...], bool], int] = {}
+    key_index: dict[tuple, int] = {}
+    counts = {"incomplete": 0, "bad": 0}
+    for key in sorted(accs, key=lambda k: accs[k].first_ns):
+        s = judge(key)
+        if s in counts:
+            counts[s] += 1
+            continue
+        members = tuple(sorted(accs[key].members))
+        if len(members) < 2 and s == "complete":
+            continue  # a communicator of one rank waits for nobody
+        tag = (members, s == "partial")
+        if tag not in index_of:
+            index_of[tag] = len(groups)
+            if s == "partial":
+                partial.append(len(groups))
+            groups.append(members)
+        key_index[key] = index_of[tag]
+    handles = sorted((rank, h, key_index[key]) for (rank, h), (key, _ns) in handle_of.items()
+                     if key in key_index and destroyed.get((rank, h), -1) <= _ns)
+    notes = []
+    if counts["incomplete"]:
+        notes.append(f"{counts['incomplete']} NCCL communicator(s) left out: a member's creation was not seen "
+                     "(made before the probe attached, or still being made)")
+    if counts["bad"]:
+        notes.append(f"{counts['bad']} NCCL communicator(s) left out: their members disagree on size or rank")
+    if unresolved:
+        notes.append(f"{unresolved} ncclCommSplit call(s) of a parent communicator whose creation was not seen: "
+                     "their groups are unknown from this probe")
+    return Communicators(tuple(groups), tuple(partial), tuple(handles), tuple(notes), len(accs))
+
+
+def progress(comms: Communicators, calls: Sequence[CommCalls], unix: Any = None) -> tuple[
+        tuple[tuple[int, int, int], ...], tuple[tuple[int, int, str, float], ...]]:
+    """From each rank's collectives per communicator: ((rank, group, collectives entered in it), ...)
+    and ((rank, group, op, when) of its latest collective, ...); ``unix`` converts the probe's
+    monotonic ns to unix time. Two communicators of one member set count as one group (every
+    member has both)."""
+    group = {(r, h): g for r, h, g in comms.handles}
+    seqs: dict[tuple[int, int], int] = {}
+    latest: dict[int, tuple[int, int, str]] = {}  # rank -> (ns, group, op)
+    for c in calls:
+        g = group.get((c.rank, c.comm))
+        if g is None:
+            continue
+        seqs[(c.rank, g)] = seqs.get((c.rank, g), 0) + c.calls
+        if c.calls and (c.rank not in latest or c.last_ns > latest[c.rank][0]):
+            latest[c.rank] = (c.last_ns, g, c.last_op)
+    return (tuple(sorted((r, g, n) for (r, g), n in seqs.items())),
+            tuple(sorted((r, g, o, unix(t) if unix else t / 1e9) for r, (t, g, o) in latest.items())))
+
+
+def _live_handle(handle_of: Mapping[tuple[int, int], tuple[tuple, int]], destroyed: Mapping[tuple[int, int], int],
+                 rank: int, handle: int, at: int) -> tuple | None:
+    got = handle_of.get((rank, handle))
+    if got is None:
+        return None
+    key, made = got
+    gone = destroyed.get((rank, handle))
+    return None if gone is not None and made < gone < at else key
+
+
+# --------------------------------------------------------------------------- finding the library
+
+
+def site_dirs(pid: int) -> list[str]:
+    """site-packages / dist-packages folders of the Python libraries ``pid`` has mapped (through
+    /proc/PID/root), e.g. the launcher's torch: where its ranks will load NCCL from."""
+    out: list[str] = []
+    try:
+        lines = open(f"/proc/{pid}/maps").read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        path = line.split(None, 5)[-1]
+        for marker in ("/site-packages/", "/dist-packages/"):
+            i = path.find(marker)
+            if path.startswith("/") and i >= 0:
+                d = f"/proc/{pid}/root{path[:i + len(marker) - 1]}"
+                if d not in out:
+                    out.append(d)
+    return out
+
+
+def candidate_libs(pids: Iterable[int]) -> list[tuple[str, str]]:
+    """(path as the process sees it, path to open) of every NCCL library the processes have mapped,
+    or that their Python installation holds (nvidia-nccl-cu12's wheel, torch's libtorch_cuda.so)."""
+    seen: set[tuple[int, int]] = set()
+    out: list[tuple[str, str]] = []
+
+    def add(path: str, open_path: str) -> None:
+        try:
+            st = os.stat(open_path)
+        except OSError:
+            return
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            out.append((path, open_path))
+
+    for pid in pids:
+        for m in mapped_libs(pid, LIB_PATTERNS):
+            add(m.path, m.open_path)
+        for d in site_dirs(pid):
+            for pattern in ("nvidia/nccl/lib/libnccl.so*", "torch/lib/libtorch_cuda.so"):
+                for p in sorted(glob.glob(os.path.join(d, pattern))):
+                    add(p.split("/root", 1)[1] if p.startswith("/proc/") else p, p)
+    return out
+
+
+# --------------------------------------------------------------------------- the probe
+
+
+def _start_ns(pid: int) -> int | None:
+    """When a process started, in CLOCK_MONOTONIC ns (boot-relative, as bpf_ktime_get_ns)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return int(fields[19]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class CommProbe(BccProbe):
+    """Probe contract (see scout_sys.probes): one :class:`ProcessGroupSample` (``source="ebpf-comms"``)
+    per sample, once a communicator is known. ``prepare(pids)`` compiles and attaches ahead of the
+    job (the watch calls it when it starts); ``start(job)`` then only binds the ranks."""
+
+    name = SOURCE
+    program = "comms.bpf.c"
+
+    def __init__(self, max_pids: int = 1024, max_creations: int = 4096, max_threads: int = 4096) -> None:
+        super().__init__()
+        self.max_pids, self.max_creations, self.max_threads = max_pids, max_creations, max_threads
+        self.attached: list[str] = []
+        self.compile_s: float | None = None
+        self.attached_ns: int | None = None  # CLOCK_MONOTONIC when the uprobes were in place
+        self._prep = threading.Lock()
+        self._job: Job | None = None
+        self._late: list[int] = []  # ranks that started before the probe attached
+        self._notes: tuple[str, ...] = ()
+
+    def check(self) -> str | None:
+        return common_reason() or attach_mode_reason()
+
+    def prepare(self, pids: Iterable[int]) -> None:
+        """Compile and attach to the NCCL libraries of ``pids`` (mapped, or in their Python
+        installation). Once; safe from several threads (the second caller waits for the first)."""
+        with self._prep:
+            if self._bpf is not None:
+                return
+            reason = self.check()
+            if reason:
+                raise ProbeUnavailable(reason)
+            libs = candidate_libs(list(pids))
+            found = []
+            for path, open_path in libs:
+                try:
+                    syms = function_symbols(open_path, "|".join([*FUNCS, *DESTROY, *COLL_FUNCS]).encode())
+                except Exception as e:  # noqa: BLE001 - an unreadable library is said, others go on
+                    self.notes.append(f"{path}: symbols unreadable ({e})")
+                    continue
+                if any(s in syms for s in FUNCS):
+                    found.append((path, open_path, syms))
+            if not found:
+                raise ProbeUnavailable("no NCCL library (libnccl.so*) mapped by or installed beside the job's "
+                                       "Python: no communicator to learn")
+            bcc, _ = load_bcc()
+            assert bcc is not None
+            self.text = render(self.program, {"MAX_PIDS": self.max_pids, "MAX_CREATIONS": self.max_creations,
+                                              "MAX_THREADS": self.max_threads})
+            t0 = time.monotonic()
+            try:
+                self._bpf = bcc.BPF(text=self.text.encode())
+                self.compile_s = time.monotonic() - t0
+                for path, open_path, syms in found:
+                    for sym, fn in FUNCS.items():
+                        if sym in syms:
+                            self._attach(path, open_path, syms[sym], sym, fn)
+                            self._attach(path, open_path, syms[sym], sym, "comm_return", ret=True)
+                    for sym in DESTROY:
+                        if sym in syms:
+                            self._attach(path, open_path, syms[sym], sym, "comm_destroy")
+                    for sym, fn in COLL_FUNCS.items():
+                        if sym in syms:
+                            self._attach(path, open_path, syms[sym], sym, fn)
+            except Exception as e:
+                self.close()
+                raise ProbeUnavailable(f"loading the {self.program} program failed: {e}") from e
+            self.attached_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+    def _attach(self, path: str, open_path: str, addr: int, sym: str, fn: str, ret: bool = False) -> None:
+        attach = self._bpf.attach_uretprobe if ret else self._bpf.attach_uprobe
+        attach(name=open_path.encode(), addr=addr, fn_name=fn.encode())
+        self.attached.append(f"{path}: {sym}{' (return)' if ret else ''}")
+
+    def start(self, job: Job) -> None:
+        pids = [r.pid for r in job.ranks] + ([job.launcher_pid] if job.launcher_pid else [])
+        self.prepare(pids)
+        self._job = job
+        self._ranks = {host_pid(r.pid): r.rank for r in job.ranks}
+        self._late = sorted(r.rank for r in job.ranks
+                            if (s := _start_ns(r.pid)) is not None and self.attached_ns is not None
+                            and s < self.attached_ns and self._maps_nccl(r.pid))
+
+    def _maps_nccl(self, pid: int) -> bool:
+        return bool(mapped_libs(pid, LIB_PATTERNS))
+
+    def records(self) -> tuple[dict[int, list[Creation]], dict[tuple[int, int], int]]:
+        """(global rank -> its creation calls, (rank, handle) -> destroyed ns) for the job's ranks."""
+        recs: dict[int, list[Creation]] = {}
+        gone: dict[tuple[int, int], int] = {}
+        if self._bpf is None:
+            return recs, gone
+        for k, v in sorted(self._bpf[b"creations"].items(), key=lambda kv: kv[0].ns):
+            rank = self._ranks.get(k.tgid)
+            if rank is None:
+                continue
+            recs.setdefault(rank, []).append(Creation(
+                seq=len(recs.get(rank, ())), kind=int(v.kind), nranks=int(v.nranks), comm_rank=int(v.rank),
+                id=bytes(v.id) if v.kind in INIT_KINDS else b"", parent=int(v.parent), color=int(v.color),
+                comm=int(v.comm), ret=int(v.ret) if v.returned else None, ns=int(v.ns)))
+        for k, v in self._bpf[b"gone"].items():
+            rank = self._ranks.get(k.tgid)
+            if rank is not None:
+                gone[(rank, int(k.comm))] = int(v.value)
+        return recs, gone
+
+    def calls(self) -> list[CommCalls]:
+        if self._bpf is None:
+            return []
+        return [CommCalls(rank, int(k.comm), int(v.calls), int(v.last_ns), COLL_OPS.get(v.last_op, ""))
+                for k, v in self._bpf[b"known"].items() if (rank := self._ranks.get(k.tgid)) is not None]
+
+    def learned(self) -> Communicators:
+        recs, gone = self.records()
+        job = self._job
+        elsewhere = bool(job and (job.world_size or 0) > len(job.ranks) + len(job.missing))
+        return learn(recs, gone, others_elsewhere=elsewhere)
+
+    def sample(self, now: float | None = None) -> list[Observation]:
+        if self._bpf is None or self._job is None:
+            return []
+        comms = self.learned()
+        notes = list(comms.notes)
+        if self._late:
+            notes.append(f"attached after ranks {', '.join(map(str, self._late))} had started with NCCL loaded: "
+                         "communicators they made before then are unknown from this probe")
+        self._notes = tuple(notes)
+        if not comms.groups:
+            return []
+        seqs, latest = progress(comms, self.calls(), Clock().unix)
+        return [ProcessGroupSample(time=time.time() if now is None else now, groups=comms.groups,
+                                   partial=comms.partial, notes=tuple(notes), source=SOURCE,
+                                   handles=comms.handles, seqs=seqs, latest=latest)]
+
+    def health(self) -> Any:
+        from scout_sys.probes import Health
+
+        return Health(notes=self._notes + tuple(self.notes), lost=self.lost())
+
+    def unbind(self) -> None:
+        """Forget the job (its Monitor closed) and stay attached for the next one."""
+        self._job = None
+        self._ranks = {}
+
+    def close(self) -> None:
+        super().close()
+        self.unbind()
+
