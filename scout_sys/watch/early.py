@@ -109,9 +109,9 @@ class EarlyProbes:
     def leases(self) -> list[Lease]:
         return [Lease(self, p) for p in self.probes]
 
-    def close(self) -> None:
-        """Detach. Unregistering a uprobe costs the kernel ~0.1 s: a short-lived child does it once
-        this process has exited (Monitor.close(background=True)), whoever closes the watch."""
+    def close(self, *, background: bool = False) -> None:
+        """Detach (``background``: unregistering a uprobe costs the kernel ~0.1 s; a short-lived child
+        does it once this process has exited, as Monitor.close(background=True) does)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(1.0)
@@ -121,7 +121,7 @@ class EarlyProbes:
             return
         from scout_sys.monitor import detach_in_child
 
-        if detach_in_child(probes):
+        if background and detach_in_child(probes):
             return
         for p in probes:
             try:
