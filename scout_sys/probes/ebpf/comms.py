@@ -70,6 +70,7 @@ COLL_FUNCS = {"ncclAllReduce": "coll_allreduce", "ncclBroadcast": "coll_broadcas
               "ncclAllGather": "coll_allgather", "ncclReduceScatter": "coll_reduce_scatter",
               "ncclAlltoAll": "coll_alltoall", "ncclGather": "coll_gather", "ncclScatter": "coll_scatter"}
 LIB_PATTERNS = (r"^libnccl\.so", r"^libtorch_cuda\.so")
+LIB_GLOBS = ("nvidia/nccl/lib/libnccl.so*", "torch/lib/libtorch_cuda.so")  # in a site-packages folder
 SOURCE = "ebpf-comms"
 
 
@@ -294,7 +295,7 @@ def candidate_libs(pids: Iterable[int]) -> list[tuple[str, str]]:
         for m in mapped_libs(pid, LIB_PATTERNS):
             add(m.path, m.open_path)
         for d in site_dirs(pid):
-            for pattern in ("nvidia/nccl/lib/libnccl.so*", "torch/lib/libtorch_cuda.so"):
+            for pattern in LIB_GLOBS:
                 for p in sorted(glob.glob(os.path.join(d, pattern))):
                     add(p.split("/root", 1)[1] if p.startswith("/proc/") else p, p)
     return out
