@@ -20,7 +20,7 @@ from typing import Any
 from scout_sys.errors import ProbeUnavailable
 from scout_sys.model import Job, Observation
 
-RETRY = 0.25  # seconds between two looks for the NCCL library
+RETRY = 0.25  # seconds between the first looks for the NCCL library; then 1.2x longer each, up to 2 s
 GIVE_UP = 600.0  # seconds after which a job that never loads NCCL is taken for one that does not use it
 
 
@@ -83,6 +83,7 @@ class EarlyProbes:
 
     def _run(self) -> None:
         t0 = self.clock()
+        delay = RETRY
         try:
             for p in self.probes:
                 reason = p.check()
@@ -97,7 +98,8 @@ class EarlyProbes:
                         if not str(e).startswith("no NCCL library") or self.clock() - t0 > GIVE_UP:
                             self.reason = str(e)
                             return
-                        self._stop.wait(RETRY)  # the launcher has not imported torch yet
+                        self._stop.wait(delay)  # the launcher has not imported torch yet
+                        delay = min(2.0, delay * 1.2)
         except Exception as e:  # noqa: BLE001 - a failing probe is reported, never fatal
             self.reason = f"failed to start: {e}"
         finally:
