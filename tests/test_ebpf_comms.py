@@ -22,6 +22,7 @@ from scout_sys.probes.pgroups import ProcessGroupProbe
 from tests._ebpf_jobs import ebpf_skip_reason
 from tests._host import libnccl
 from tests.conftest import JOBS
+from tests.test_ebpf_detach import perf_event_fds
 from tests.test_watch import watch_cli  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.ebpf, pytest.mark.slow]
@@ -38,8 +39,11 @@ def probe():
     from scout_sys.probes.ebpf.comms import CommProbe
 
     p = CommProbe()
+    before = perf_event_fds()
     yield p
-    p.close()
+    attached = len(p.attached)
+    p.close()  # its perf-event fds closed in parallel, then bcc's cleanup: nothing left behind
+    assert attached == 0 or perf_event_fds() == before
 
 
 def _job(start_job, *args: str):

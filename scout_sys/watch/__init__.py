@@ -160,7 +160,7 @@ class Watcher:
         if self.monitor is not None:
             self.monitor.close(background=background)
             self.monitor = None
-        self.early.close(background=background)
+        self.early.close()
 
     def __enter__(self) -> Watcher:
         self.start()

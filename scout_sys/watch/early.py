@@ -111,9 +111,10 @@ class EarlyProbes:
     def leases(self) -> list[Lease]:
         return [Lease(self, p) for p in self.probes]
 
-    def close(self, *, background: bool = False) -> None:
-        """Detach (``background``: unregistering a uprobe costs the kernel ~0.1 s; a short-lived child
-        does it once this process has exited, as Monitor.close(background=True) does)."""
+    def close(self) -> None:
+        """Detach. Unregistering a uprobe costs the kernel up to ~0.1 s each (1.5-2 s for this
+        probe's 18): a short-lived child holding the same fds does it once this process has exited,
+        as Monitor.close(background=True) does, so that the watch's exit never waits for it."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(1.0)
@@ -123,7 +124,7 @@ class EarlyProbes:
             return
         from scout_sys.monitor import detach_in_child
 
-        if background and detach_in_child(probes):
+        if detach_in_child(probes):
             return
         for p in probes:
             try:
