@@ -70,13 +70,22 @@ def test_attached_late_says_so_and_learns_nothing(start_job, probe, _):
 
 
 @pytest.mark.parametrize("_", [pytest.param(None, marks=needs)])
-def test_groups_learned_exactly_and_the_wait_for_graph_names_the_origin(start_job, probe, _):
+def test_groups_learned_exactly_and_the_wait_for_graph_names_the_origin(start_job, probe, tmp_path, _):
     probe.prepare([os.getpid()])  # before the job: as a watch started with it
-    job, handles = _job(start_job, "--fault", "hang", "--fault-rank", "2", "--fault-step", "8")
-    job.wait_for(r"NCCLJOB fault hang rank=2", timeout=120)
-    time.sleep(1.5)
+    go = tmp_path / "go"
+    job, handles = _job(start_job, "--fault", "hang", "--fault-rank", "2", "--fault-when", str(go))
     j = find_job(str(job.pid))
     probe.start(j)
+    # healthy: every rank steps; the sequences move; nobody is named
+    with Monitor(j, extra_probes=[_Shared(probe), ProcessGroupProbe(every=0.0)]) as mon:
+        mon.wait_started(10)
+        d = mon.diagnose(2.5)
+    assert d.incidents == (), d.incidents
+    go.touch()
+    m = job.wait_for(r"NCCLJOB fault hang rank=2 step=(\d+)", timeout=120)
+    step = int(m.group(1))
+    time.sleep(1.5)
+    probe.start(j)  # the healthy window's Monitor unbound it on close, as a watch's restart does
     comms = probe.learned()
     assert set(comms.groups) == LAYOUT and len(comms.groups) == len(LAYOUT), comms
     assert comms.partial == () and comms.notes == ()
@@ -89,8 +98,8 @@ def test_groups_learned_exactly_and_the_wait_for_graph_names_the_origin(start_jo
         assert group_of.get((r, hs["trio"])) == (None if r == 3 else (0, 1, 2))
     [s] = probe.sample(time.time())
     seq = {(r, s.groups[g]): n for r, g, n in s.seqs}
-    # rank 2 stopped before its 9th tp all-reduce: its partners entered theirs and wait
-    assert seq[(2, (2, 3))] == 8 and seq[(3, (2, 3))] == 9 and seq[(0, (0, 2))] == 9 and seq[(2, (0, 2))] == 8
+    # rank 2 stopped before its tp all-reduce of that step: its partners entered theirs and wait
+    assert (seq[(2, (2, 3))], seq[(3, (2, 3))], seq[(0, (0, 2))], seq[(2, (0, 2))]) == (step, step + 1, step + 1, step)
     assert {r: s.groups[g] for r, g, _op, _t in s.latest} == {0: (0, 2), 1: (1, 3), 2: (0, 2), 3: (2, 3)}
 
     # The Gloo sockets show the world group only (the pairs are NCCL's): the waiting ranks spin at two

@@ -16,7 +16,7 @@ rank spins at a sync point, no collective frame; the partners meet through the s
 group is the world's (init_process_group), so the pairs are invisible to the Gloo-socket method.
 
 ``--fault hang --fault-rank R --fault-step N``: rank R blocks on a queue at step N, before its tp
-all-reduce.
+all-reduce; with ``--fault-when PATH``, at its first step once PATH exists instead.
 """
 
 import argparse
@@ -81,6 +81,7 @@ def main() -> int:
     p.add_argument("--fault", default="none", choices=["none", "hang"])
     p.add_argument("--fault-rank", type=int, default=2)
     p.add_argument("--fault-step", type=int, default=10**9)
+    p.add_argument("--fault-when", default=None)
     p.add_argument("--max-seconds", type=float, default=240)
     a = p.parse_args()
     deadline = time.time() + a.max_seconds
@@ -113,7 +114,8 @@ def main() -> int:
     b = ctypes.c_void_p(ctypes.addressof(buf))
     step = 0
     while time.time() < deadline:
-        if rank == a.fault_rank and step == a.fault_step and a.fault == "hang":
+        due = os.path.exists(a.fault_when) if a.fault_when else step == a.fault_step
+        if rank == a.fault_rank and a.fault == "hang" and due:
             print(f"NCCLJOB fault hang rank={rank} step={step}", flush=True)
             try:
                 queue.Queue().get(timeout=max(0.1, deadline - time.time()))
