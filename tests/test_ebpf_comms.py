@@ -1,7 +1,7 @@
 """NCCL process groups learned from communicator creation (probes/ebpf/comms.py), on a real torchrun job.
 
 tests/jobs/nccl_groups.py loads the real libnccl.so.2 of the nvidia-nccl-cu12 wheel and calls
-ncclGetUniqueId / ncclCommInitRank / ncclCommSplit as ProcessGroupNCCL does: the world, two
+ncclGetUniqueId / ncclCommInitRank{,Config,Scalable} / ncclCommSplit as ProcessGroupNCCL does: the world, two
 tensor-parallel pairs made from ids shared through the c10d store, two data-parallel pairs and a trio
 split from the world by color. No GPU: the calls fail after the uprobes fired (see the job's
 docstring for the handles). One compile of the probe serves the module's probe tests; the watch test

@@ -3,8 +3,9 @@
 Run under torchrun. The real libnccl.so.2 of the nvidia-nccl-cu12 wheel is loaded with ctypes and its
 creation entry points are called as ProcessGroupNCCL calls them: rank 0 makes the world's
 ``ncclUniqueId`` (ncclGetUniqueId, no GPU needed), rank 0 / 2 make their tensor-parallel pair's, all
-shared through torch's c10d store; then ``ncclCommInitRank`` for the world (4) and the tp pairs
-{0, 1}, {2, 3}, and ``ncclCommSplit`` of the world by color into the data-parallel pairs {0, 2},
+shared through torch's c10d store; then ``ncclCommInitRank`` for the world (4), and for the tp pairs
+``ncclCommInitRankConfig`` ({0, 1}: what ProcessGroupNCCL calls) and ``ncclCommInitRankScalable``
+({2, 3}: one id), and ``ncclCommSplit`` of the world by color into the data-parallel pairs {0, 2},
 {1, 3} and a group {0, 1, 2} (rank 3 passes NCCL_SPLIT_NOCOLOR).
 
 There is no GPU here, so every call returns an error after the uprobes fired. Where NCCL would store
@@ -103,7 +104,10 @@ def main() -> int:
     world_comm, tp_comm, dp_comm, trio_comm = new_handle(), new_handle(), new_handle(), new_handle()
     rcs = [
         lib.ncclCommInitRank(ctypes.byref(ctypes.c_void_p(world_comm.value)), world, world_id, rank),
-        lib.ncclCommInitRank(ctypes.byref(ctypes.c_void_p(tp_comm.value)), 2, tp_id, rank % 2),
+        lib.ncclCommInitRankConfig(ctypes.byref(ctypes.c_void_p(tp_comm.value)), 2, tp_id, rank % 2, None)
+        if rank < 2 else
+        lib.ncclCommInitRankScalable(ctypes.byref(ctypes.c_void_p(tp_comm.value)), 2, rank % 2, 1, ctypes.byref(tp_id),
+                                     None),
         lib.ncclCommSplit(world_comm, rank % 2, rank, ctypes.byref(ctypes.c_void_p(dp_comm.value)), None),
         lib.ncclCommSplit(world_comm, NOCOLOR if rank == 3 else 5, -rank, ctypes.byref(ctypes.c_void_p(trio_comm.value)),
                           None),
