@@ -3,10 +3,18 @@ GPU-shaped waits they give the wait-for graph (consensus/waitfor.py), on synthet
 
 from __future__ import annotations
 
-from scout_sys.consensus import waitfor
+from scout_sys.consensus import learned, waitfor
 from scout_sys.consensus.hang import Activity
 from scout_sys.model import ProcessGroupSample
-from scout_sys.probes.ebpf.comms import K_INIT, K_INIT_CONFIG, K_SPLIT, CommCalls, Creation, learn, progress
+from scout_sys.probes.ebpf.commgroups import (
+    K_INIT,
+    K_INIT_CONFIG,
+    K_SPLIT,
+    CommCalls,
+    Creation,
+    learn,
+    progress,
+)
 
 WORLD, TP0, TP1 = b"w" * 128, b"a" * 128, b"b" * 128
 
@@ -94,17 +102,17 @@ def test_gpu_shaped_waits_follow_the_sequence_to_the_origin():
     assert {(e.waiters, e.awaited, e.members) for e in g.edges} == {
         ((0,), (2,), (0, 2)), ((1,), (3,), (1, 3)), ((3,), (2,), (2, 3))}
     assert (1, 3, 2) in g.chains
-    assert waitfor.gpu_stall(s, acts, (6.0, 8.0))
-    assert not waitfor.gpu_stall(s, acts, (4.0, 8.0))  # a collective entered within the window: progress
+    assert learned.gpu_stall(s, acts, (6.0, 8.0))
+    assert not learned.gpu_stall(s, acts, (4.0, 8.0))  # a collective entered within the window: progress
     moving = {**acts, **_acts({1: "running"})}
-    assert not waitfor.gpu_stall(s, moving, (6.0, 8.0))
+    assert not learned.gpu_stall(s, moving, (6.0, 8.0))
 
 
 def test_level_sequences_wait_for_nobody():
     c = learn(layout())
     calls = [CommCalls(r, 100 * r + 2, 9, last_ns=1, last_op="allreduce") for r in range(4)]
     s = _sample(c, calls)
-    assert waitfor.gpu_waits(s, _acts(dict.fromkeys(range(4), "idle"))) == {}
+    assert learned.gpu_waits(s, _acts(dict.fromkeys(range(4), "idle"))) == {}
 
 
 def test_both_sources_merge_into_one_model():

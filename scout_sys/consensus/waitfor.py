@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scout_sys.consensus import c3
+from scout_sys.consensus import c3, learned
 
 ATTRIBUTED = c3.ATTRIBUTED
 INCONCLUSIVE = c3.INCONCLUSIVE
@@ -336,73 +336,8 @@ _SOURCES = {"procfs": "the ranks' TCP connections", "ebpf-comms": "NCCL communic
 
 
 def latest_groups(obs: Sequence[Any]) -> Any | None:
-    """The job's process groups: the newest :class:`~scout_sys.model.ProcessGroupSample` with at least
-    one group of each source (Gloo's sockets, NCCL communicator creation), merged into one."""
-    from dataclasses import replace
-
-    from scout_sys.model import ProcessGroupSample
-
-    best: dict[str, Any] = {}
-    for o in obs:
-        if isinstance(o, ProcessGroupSample) and o.groups and (o.source not in best or o.time >= best[o.source].time):
-            best[o.source] = o
-    if len(best) < 2:
-        return next(iter(best.values()), None)
-    groups: list[tuple[int, ...]] = []
-    where: dict[tuple[tuple[int, ...], bool], int] = {}
-    partial: list[int] = []
-    waits: dict[int, int] = {}
-    seqs: dict[tuple[int, int], int] = {}
-    handles, latest, notes = [], [], []
-    for source in sorted(best, key=lambda src: src != "procfs"):  # Gloo's sends first: a waiting frame's own
-        smp = best[source]
-        index = []
-        for i, g in enumerate(smp.groups):
-            tag = (tuple(g), i in smp.partial)
-            if tag not in where:
-                where[tag] = len(groups)
-                if tag[1]:
-                    partial.append(len(groups))
-                groups.append(tuple(g))
-            index.append(where[tag])
-        for r, g in smp.waits_in:
-            waits.setdefault(r, index[g])
-        for r, g, n in smp.seqs:
-            seqs[(r, index[g])] = seqs.get((r, index[g]), 0) + n
-        handles += [(r, h, index[g]) for r, h, g in smp.handles]
-        latest += [(r, index[g], *rest) for r, g, *rest in smp.latest]
-        notes += list(smp.notes)
-    newest = max(best.values(), key=lambda o: o.time)
-    return replace(newest, groups=tuple(groups), partial=tuple(partial), waits_in=tuple(sorted(waits.items())),
-                   seqs=tuple((r, g, n) for (r, g), n in sorted(seqs.items())), handles=tuple(handles),
-                   latest=tuple(latest), notes=tuple(notes), source="+".join(sorted(best)))
-
-
-def gpu_waits(sample: Any, acts: Mapping[int, Any]) -> dict[int, tuple[int, str]]:
-    """Ranks waiting in the GPU shape (spinning or asleep at a sync point, no collective frame) and
-    where: rank -> (group, collective). Such a rank waits in the group of its latest NCCL collective
-    (learned at communicator creation, probes/ebpf/comms.py) when a member of that group is behind it
-    in the group's sequence, i.e. has not entered that collective yet; else that collective is done."""
-    if not sample.seqs:
-        return {}
-    seq = {(r, g): n for r, g, n in sample.seqs}
-    out: dict[int, tuple[int, str]] = {}
-    for r, g, op, _when in sample.latest:
-        a = acts.get(r)
-        if a is None or a.state not in ("busy", "idle") or (r, g) not in seq or not 0 <= g < len(sample.groups):
-            continue
-        n = seq[(r, g)]
-        if any(seq.get((m, g), n) < n for m in sample.groups[g]):
-            out[r] = (g, f"nccl {op or 'collective'} #{n}")
-    return out
-
-
-def gpu_stall(sample: Any, acts: Mapping[int, Any], window: tuple[float, float]) -> bool:
-    """No rank entered an NCCL collective during the window, none moved, and some wait for a member
-    behind them: a GPU-shaped stall the stack rules cannot see when every rank sits still and off CPU
-    (a healthy step longer than the window looks the same to them, not to the sequence numbers)."""
-    return bool(sample.latest) and all(when < window[0] for *_x, when in sample.latest) and \
-        not any(a.state == "running" for a in acts.values()) and bool(gpu_waits(sample, acts))
+    """The job's process groups, every source merged (:func:`consensus.learned.merged`)."""
+    return learned.merged(obs)
 
 
 def from_activities(acts: Mapping[int, Any], sample: Any) -> tuple[dict[int, Wait], list[tuple[int, ...]]]:
@@ -412,7 +347,7 @@ def from_activities(acts: Mapping[int, Any], sample: Any) -> tuple[dict[int, Wai
     waits = {r: Wait(r, a.state, waits_in.get(r) if a.state == "waiting" else None,
                      a.wait.label() if a.state == "waiting" and a.wait else "")
              for r, a in acts.items()}
-    for r, (g, label) in gpu_waits(sample, acts).items():
+    for r, (g, label) in learned.gpu_waits(sample, acts).items():
         waits[r] = Wait(r, "waiting", g, label)
     return waits, groups
 
@@ -430,7 +365,7 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
     sample = latest_groups(obs)
     stalled = any(i.kind == HANG and i.status != ATTR for i in incidents)
     if sample is not None and not stalled and not incidents:
-        stalled = gpu_stall(sample, acts, window)
+        stalled = learned.gpu_stall(sample, acts, window)
     if sample is None or not stalled or any(i.status == ATTR for i in incidents):
         return incidents, []  # only where the rules saw a stall and could not name its origin
     waits, groups = from_activities(acts, sample)
@@ -438,8 +373,8 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
     if g.status == NONE:
         return incidents, []
     ev = [Evidence("procfs", f"wait-for: {chain_text(g, c, waits)}", data={"chain": list(c)}) for c in g.chains]
-    learned = " and ".join(_SOURCES.get(src, src) for src in sample.source.split("+"))
-    ev.append(Evidence("procfs", f"wait-for graph over {len(sample.groups)} process groups learned from {learned}",
+    sources = " and ".join(_SOURCES.get(src, src) for src in sample.source.split("+"))
+    ev.append(Evidence("procfs", f"wait-for graph over {len(sample.groups)} process groups learned from {sources}",
                        data={"wait_for": g.edges_json()}))
     if g.status == ATTRIBUTED:
         origins = [acts[r] for r in g.origins]
