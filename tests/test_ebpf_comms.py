@@ -4,8 +4,8 @@ tests/jobs/nccl_groups.py loads the real libnccl.so.2 of the nvidia-nccl-cu12 wh
 ncclGetUniqueId / ncclCommInitRank{,Config,Scalable} / ncclCommSplit as ProcessGroupNCCL does: the world, two
 tensor-parallel pairs made from ids shared through the c10d store, two data-parallel pairs and a trio
 split from the world by color. No GPU: the calls fail after the uprobes fired (see the job's
-docstring for the handles). One compile of the probe serves the module's probe tests; the watch test
-compiles its own, as a user's watch does.
+docstring for the handles). One job serves the probe attached before it and one attached late; the
+watch test's own watch prepares its probe as a user's does.
 """
 
 from __future__ import annotations
@@ -52,21 +52,6 @@ def _job(start_job, *args: str):
     handles = {int(m.group(1)): {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
                for m in re.finditer(r"NCCLJOB created rank=(\d) (.*)", job.log())}
     return job, handles
-
-
-@pytest.mark.parametrize("_", [pytest.param(None, marks=needs)])
-def test_attached_late_says_so_and_learns_nothing(start_job, probe, _):
-    job, _h = _job(start_job)
-    t0 = time.monotonic()
-    probe.prepare([job.pid])  # from the launcher: its torch is in the site-packages holding the wheel
-    print(f"comms probe: compile {probe.compile_s:.2f} s, prepare {time.monotonic() - t0:.2f} s, "
-          f"{len(probe.attached)} uprobes")
-    probe.start(find_job(str(job.pid)))
-    assert probe.sample(time.time()) == []
-    notes = " ".join(probe.health().notes)
-    assert "attached after ranks 0, 1, 2, 3 had started" in notes, notes
-    assert probe.lost() == 0
-    probe.unbind()
 
 
 @pytest.mark.parametrize("_", [pytest.param(None, marks=needs)])
@@ -121,6 +106,23 @@ def test_groups_learned_exactly_and_the_wait_for_graph_names_the_origin(start_jo
     edges = {(tuple(e["waiters"]), tuple(e["awaited"]), tuple(e["group"])) for e in graph}
     assert edges == {((0,), (2,), (0, 2)), ((1,), (3,), (1, 3)), ((3,), (2,), (2, 3))}, graph
     assert any("NCCL communicator creation" in e.text for e in ev)
+
+    # Attached late (after the communicators were made): learns nothing and says so.
+    from scout_sys.probes.ebpf.comms import CommProbe
+
+    late = CommProbe()
+    try:
+        t0 = time.monotonic()
+        late.prepare([job.pid])  # from the launcher: its torch is in the site-packages holding the wheel
+        print(f"comms probe: compile {late.compile_s:.2f} s, prepare {time.monotonic() - t0:.2f} s, "
+              f"{len(late.attached)} uprobes")
+        late.start(j)
+        assert late.sample(time.time()) == [] and late.learned().groups == ()
+        notes = " ".join(late.health().notes)
+        assert "attached after ranks 0, 1, 2, 3 had started" in notes, notes
+        assert late.lost() == 0
+    finally:
+        late.close()
 
 
 class _Shared:
