@@ -82,6 +82,7 @@ def test_groups_learned_exactly_and_the_wait_for_graph_names_the_origin(start_jo
         assert group_of[(r, hs["dp"])] == ((0, 2) if r % 2 == 0 else (1, 3))
         assert group_of.get((r, hs["trio"])) == (None if r == 3 else (0, 1, 2))
     [s] = probe.sample(time.time())
+    assert not any("attached after" in n for n in probe.health().notes), probe.health()  # there from the start
     seq = {(r, s.groups[g]): n for r, g, n in s.seqs}
     # rank 2 stopped before its tp all-reduce of that step: its partners entered theirs and wait
     assert (seq[(2, (2, 3))], seq[(3, (2, 3))], seq[(0, (0, 2))], seq[(2, (0, 2))]) == (step, step + 1, step + 1, step)

@@ -36,6 +36,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from scout_sys.errors import ProbeUnavailable
@@ -53,10 +54,6 @@ from scout_sys.probes.ebpf._common import (
 from scout_sys.probes.ebpf._elf import function_symbols
 from scout_sys.probes.ebpf.commgroups import (
     INIT_KINDS,
-    K_INIT,
-    K_INIT_CONFIG,
-    K_SCALABLE,
-    K_SPLIT,
     CommCalls,
     Communicators,
     Creation,
@@ -64,9 +61,7 @@ from scout_sys.probes.ebpf.commgroups import (
     progress,
 )
 
-KIND_NAMES = {K_INIT: "ncclCommInitRank", K_INIT_CONFIG: "ncclCommInitRankConfig",
-              K_SCALABLE: "ncclCommInitRankScalable", K_SPLIT: "ncclCommSplit"}
-FUNCS = {  # symbol -> BPF function (entry); every one also gets comm_return
+FUNCS = {  # symbol -> BPF function (entry); every one also gets comm_return (kinds: commgroups.K_*)
     "ncclCommInitRank": "comm_init_rank",
     "ncclCommInitRankConfig": "comm_init_rank_config",
     "ncclCommInitRankScalable": "comm_init_rank_scalable",
@@ -91,7 +86,7 @@ def site_dirs(pid: int) -> list[str]:
     /proc/PID/root), e.g. the launcher's torch: where its ranks will load NCCL from."""
     out: list[str] = []
     try:
-        lines = open(f"/proc/{pid}/maps").read().splitlines()
+        lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
     except OSError:
         return out
     for line in lines:
@@ -136,7 +131,7 @@ def candidate_libs(pids: Iterable[int]) -> list[tuple[str, str]]:
 def _start_ns(pid: int) -> int | None:
     """When a process started, in CLOCK_MONOTONIC ns (boot-relative, as bpf_ktime_get_ns)."""
     try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return int(fields[19]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
@@ -158,7 +153,8 @@ class CommProbe(BccProbe):
         self.attached_ns: int | None = None  # CLOCK_MONOTONIC when the uprobes were in place
         self._prep = threading.Lock()
         self._job: Job | None = None
-        self._late: list[int] = []  # ranks that started before the probe attached
+        self._late: list[int] = []  # ranks that may have made communicators before the probe attached
+        self._mapped_at_attach: dict[int, bool] = {}
         self._notes: tuple[str, ...] = ()
 
     def check(self) -> str | None:
@@ -173,7 +169,8 @@ class CommProbe(BccProbe):
             reason = self.check()
             if reason:
                 raise ProbeUnavailable(reason)
-            libs = candidate_libs(list(pids))
+            pids = list(pids)
+            libs = candidate_libs(pids)
             found = []
             for path, open_path in libs:
                 try:
@@ -209,6 +206,9 @@ class CommProbe(BccProbe):
                 self.close()
                 raise ProbeUnavailable(f"loading the {self.program} program failed: {e}") from e
             self.attached_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            # which of those processes could have made a communicator before now (a rank found here
+            # without NCCL mapped yet makes its communicators under the probe's eyes)
+            self._mapped_at_attach = {pid: self._maps_nccl(pid) for pid in pids}
 
     def _attach(self, path: str, open_path: str, addr: int, sym: str, fn: str, ret: bool = False) -> None:
         attach = self._bpf.attach_uretprobe if ret else self._bpf.attach_uprobe
@@ -220,9 +220,15 @@ class CommProbe(BccProbe):
         self.prepare(pids)
         self._job = job
         self._ranks = {host_pid(r.pid): r.rank for r in job.ranks}
-        self._late = sorted(r.rank for r in job.ranks
-                            if (s := _start_ns(r.pid)) is not None and self.attached_ns is not None
-                            and s < self.attached_ns and self._maps_nccl(r.pid))
+        self._late = sorted(r.rank for r in job.ranks if self._maybe_late(r.pid))
+
+    def _maybe_late(self, pid: int) -> bool:
+        """Had NCCL loaded before the uprobes were in place (so may have made communicators unseen)."""
+        if pid in self._mapped_at_attach:
+            return self._mapped_at_attach[pid]
+        started = _start_ns(pid)  # not looked at when attaching: started before, and NCCL loaded now
+        return started is not None and self.attached_ns is not None and started < self.attached_ns \
+            and self._maps_nccl(pid)
 
     def _maps_nccl(self, pid: int) -> bool:
         return bool(mapped_libs(pid, LIB_PATTERNS))
