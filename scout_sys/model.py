@@ -615,7 +615,8 @@ class DeviceSample:
 @dataclass(frozen=True)
 class ProcessGroupSample:
     """The job's process groups as learned from outside (probe: process-groups, see
-    scout_sys/probes/pgroups.py), and the group each waiting rank's last send went to."""
+    scout_sys/probes/pgroups.py; or ebpf-comms, scout_sys/probes/ebpf/comms.py), and the group each
+    waiting rank's last send went to."""
 
     time: float
     groups: tuple[tuple[int, ...], ...]  # global members of each group, sorted
@@ -623,7 +624,14 @@ class ProcessGroupSample:
     waits_in: tuple[tuple[int, int], ...] = ()  # (rank, group index): the group it last sent to
     notes: tuple[str, ...] = ()
     rank: int = -1  # a job-wide record
-    source: str = "procfs"
+    source: str = "procfs"  # "procfs" (Gloo's sockets) | "ebpf-comms" (NCCL communicator creation)
+    # ebpf-comms: (rank, communicator handle, group index), so that the collective probe's NCCL calls
+    # (CollectiveSample.group_ptr) map to their group
+    handles: tuple[tuple[int, int, int], ...] = ()
+    # ebpf-comms: (rank, group index, collectives it entered in the group since the group was made),
+    # and (rank, group index, op, when: unix time) of its latest NCCL collective
+    seqs: tuple[tuple[int, int, int], ...] = ()
+    latest: tuple[tuple[int, int, str, float], ...] = ()
 
 
 Observation = Union[  # noqa: UP007 (the alias above is reassigned to add the eBPF and NVML records)
