@@ -94,7 +94,7 @@ def test_a_heavier_pipeline_stage_is_no_straggler_but_a_slow_rank_in_it_is():
 def test_dashboard_blocks_say_the_shared_coordinates():
     job = peers.with_learned(_job(), [_sample(MEGATRON_4)])
     assert peer_blocks(job) == [("peers 0 (tp=0)", (0, 2)), ("peers 1 (tp=1)", (1, 3))]
-    assert peers_title(job) == f"ranks by peer group ({peers.LEARNED})"
+    assert peers_title(job) == "ranks by peer group (process groups learned from the ranks' TCP connections)"
     assert peer_blocks(_job()) == [("peers 0", (0, 1, 2, 3))]
     assert peers_title(_job()) == "ranks by peer group (layout unknown: the whole job)"
 

@@ -35,11 +35,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
 
-from scout_sys.consensus.waitfor import latest_groups
+from scout_sys.consensus.waitfor import latest_groups, learned_from
 from scout_sys.model import Job, Observation
 from scout_sys.topology import Layout
 
-LEARNED = "process groups learned from the ranks' connections"
+LEARNED = "process groups learned from"  # + what learned them (consensus/waitfor.learned_from)
 _NAMES = {2: ("tp", "dp"), 3: ("tp", "dp", "pp")}
 SAME_WORK = frozenset({"dp", "tp", "cp"})  # coordinates whose ranks do equal work
 
@@ -109,7 +109,8 @@ def with_learned(job: Job, obs: Sequence[Observation]) -> Job:
         return job
     ranks = tuple(replace(r, coords=tuple(lay.coords(r.rank).items())) for r in job.ranks)
     dims = ",".join(f"{d}={n}" for d, n in lay.sizes)
-    source = f"{LEARNED}: {dims} (read with tp fastest, as Megatron-Core, DeepSpeed and TorchTitan order ranks)"
+    source = (f"{LEARNED} {learned_from(sample.source)}: {dims} (read with tp fastest, as Megatron-Core, "
+              "DeepSpeed and TorchTitan order ranks)")
     note = "peer groups from " + source + ": " + "; ".join(
         "(" + ",".join(map(str, g)) + ")" for g in groups[:8]) + (" ..." if len(groups) > 8 else "")
     notes = tuple(n for n in job.notes if not n.startswith("peer groups from " + LEARNED)) + (note,)
