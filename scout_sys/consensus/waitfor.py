@@ -324,15 +324,28 @@ def chain_text(graph: Graph, chain: Sequence[int], waits: Mapping[int, Wait]) ->
             w = waits.get(r)
             state = "is not observed on this host" if w is None else (
                 "waits in another collective of its group" if graph.kinds.get(r) == DESYNC_STATE
-                else f"is {w.state}")
+                else _waiting_end(w) if w.state == "waiting" else f"is {w.state}")
             parts.append(f"{head} {state}")
     return " ".join(parts)
+
+
+def _waiting_end(w: Wait) -> str:
+    """A chain that ends at a rank that waits itself: where, and why it goes no further."""
+    where = f"waits in {w.collective}" if w.collective else "waits"
+    if w.group is None:
+        return f"{where} (its process group is not known)"
+    return f"{where}, where its group's other waiting members are in another collective (no strict majority)"
 
 
 # --------------------------------------------------------------------------- the seam in consensus/hang.py
 
 ELSEWHERE_RANK = -1  # stands for the members of a group that run on other hosts
 _SOURCES = {"procfs": "the ranks' TCP connections", "ebpf-comms": "NCCL communicator creation (eBPF)"}
+
+
+def learned_from(source: str) -> str:
+    """What learned a ProcessGroupSample's groups, for people: ``the ranks' TCP connections``."""
+    return " and ".join(_SOURCES.get(src, src) for src in source.split("+"))
 
 
 def latest_groups(obs: Sequence[Any]) -> Any | None:
@@ -373,7 +386,7 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
     if g.status == NONE:
         return incidents, []
     ev = [Evidence("procfs", f"wait-for: {chain_text(g, c, waits)}", data={"chain": list(c)}) for c in g.chains]
-    sources = " and ".join(_SOURCES.get(src, src) for src in sample.source.split("+"))
+    sources = learned_from(sample.source)
     ev.append(Evidence("procfs", f"wait-for graph over {len(sample.groups)} process groups learned from {sources}",
                        data={"wait_for": g.edges_json()}))
     if g.status == ATTRIBUTED:

@@ -619,6 +619,7 @@ keys
   /        filter ranks: 3  0-15  waiting  suspect  host:node7  (any term matches; empty: all)
   enter    details of the selected rank (grid) or incident
   g        lay the rank grid out by host or by peer group (equivalent ranks)
+  w        wait-for chains: from the selected waiting rank to the origin, group and collective each step
   arrows   move in the rank grid; tab moves between panels
   space    expand / collapse a stack group or evidence
   ?        this help

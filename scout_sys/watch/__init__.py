@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from scout_sys.consensus import hardware, lifecycle
+from scout_sys.consensus import hardware, lifecycle, peers
 from scout_sys.exporters import feed
 from scout_sys.job import find_job
 from scout_sys.model import (
@@ -212,6 +212,8 @@ class Watcher:
         self._remember(batch, now)
         self.progress.observe(batch, now)
         events: list[Event] = []
+        # peer groups learned from the process groups (consensus/peers.py), unless the job came with a layout
+        self.job = job = peers.with_learned(job, batch)
 
         gone = any(p.status == "gone" for p in procs) or (procs and all(not p.alive for p in procs))
         if gone or (job.missing and self.finder.launcher_pid):
