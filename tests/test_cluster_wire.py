@@ -106,3 +106,26 @@ def test_a_rank_missing_on_another_host_is_named_with_that_host():
                   source="s:1", now=T0 + 5)
     assert [(i.kind, i.ranks, i.hosts) for i in d.incidents] == [("process_exit", (5,), ("b",))]
     assert [r["host"] for r in d.to_json()["job"]["ranks"] if r["rank"] == 5] == ["b"]
+
+
+def test_heartbeat_beats_round_trip_compact_and_read_version_1():
+    beats = [wire.RankBeat(rank=r, pid=4000 + r, state="running", pause=0.0, stall=7.25 if r == 3 else 0.5,
+                           signal="collectives", where="train.py:151 wait_for_buckets (in work.py:20 is_completed)",
+                           stack="0a1b2c3d", seqs=(("gloo:0", 1200 + r), ("gloo:1", 7)), step=0.0512)
+             for r in range(8)]
+    beats[3] = wire.RankBeat(rank=3, pid=4003, state="stopped", pause=9.0, stall=9.0, signal="main thread", dead=True,
+                             where="train.py:78 load_next_batch", stack="ffee0011")
+    body = json.loads(json.dumps(wire.beats_to_json(beats)))
+    assert body["v"] == wire.HB_VERSION and len(body["places"]) == 2  # each distinct place once
+    back = wire.beats_from_json(body)
+    assert [b.rank for b in back] == list(range(8))
+    assert back[3] == beats[3]
+    assert back[0] == beats[0]
+    # bounded: about 100 bytes a rank of JSON with two groups' sequence numbers, places included
+    assert len(json.dumps(body, separators=(",", ":"))) / 8 < 120
+    many = wire.beats_to_json([wire.RankBeat(rank=0, where="x" * 500, seqs=tuple((f"g{i}", i) for i in range(40)))])
+    assert len(many["places"][0][1]) == wire.MAX_WHERE and len(many["ranks"][0]["q"]) == wire.MAX_GROUPS
+    # an agent of version 1 sends state and pause only: its pause is the stall, its state says dead
+    old = wire.beats_from_json({"ranks": [{"r": 2, "pid": 9, "s": "stopped", "p": 4.5}, {"r": 5, "s": "sleeping", "p": 1}]})
+    assert [(b.rank, b.stall, b.signal, b.dead) for b in old] == [(2, 4.5, "main thread", True),
+                                                                    (5, 1.0, "main thread", False)]

@@ -17,7 +17,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from scout_sys.consensus.hang import Activity
@@ -34,11 +34,17 @@ from scout_sys.model import (
     Rank,
     SignalRecord,
 )
+from scout_sys.watch.progress import COLLECTIVES, MAIN_THREAD, STACK
 
 PROTO = "scout-sys/cluster/v1"
 PREFIX = "scout-sys/v1/"
 RUN = PREFIX + "run"  # the leader's run record: nonce, nnodes
 REQS = PREFIX + "reqs"  # counter of window requests (store.add)
+
+
+HB_VERSION = 2  # heartbeat body: 1 = state and pause per rank; 2 adds progress, place, collectives, step time
+MAX_WHERE = 80  # characters of a place's text
+MAX_GROUPS = 8  # process groups whose sequence numbers a rank's beat carries
 
 
 def hb_key(node: int) -> str:
@@ -220,3 +226,77 @@ def job_from_json(d: Mapping[str, Any]) -> Job:
                missing=tuple(int(m) for m in d.get("missing", ())),
                peer_groups=tuple(tuple(int(x) for x in g) for g in d.get("peer_groups", ())),
                layout=str(d.get("layout", "")), notes=tuple(d.get("notes", ())))
+
+
+# --------------------------------------------------------------------------- heartbeats
+
+_SIGNALS = {COLLECTIVES: "c", MAIN_THREAD: "m", STACK: "s"}
+_SIGNAL_OF = {v: k for k, v in _SIGNALS.items()}
+_DEAD_V1 = frozenset({"stopped", "tracing-stop", "zombie", "gone"})
+
+
+@dataclass(frozen=True, slots=True)
+class RankBeat:
+    """One rank in a heartbeat: a few values, no stacks.
+
+    ``stall``: seconds since the rank was last seen progressing by ``signal``, the best one its
+    agent's watch has (watch/progress.py: collective sequence numbers, else the main thread for a
+    rank inside a collective, else the stack staying at one place); ``dead``: stopped or gone (not
+    a py-spy read's pause); ``where`` and ``stack``: the place and a short hash of the rank's latest
+    stack sample; ``seqs``: its collective sequence number per process group (eBPF); ``step``: the
+    median seconds between its collectives over the last few seconds (eBPF)."""
+
+    rank: int
+    pid: int | None = None
+    state: str = "?"
+    pause: float = 0.0
+    stall: float = 0.0
+    signal: str = MAIN_THREAD
+    dead: bool = False
+    where: str = ""
+    stack: str = ""
+    seqs: tuple[tuple[str, int], ...] = ()
+    step: float | None = None
+
+
+def beats_to_json(beats: Iterable[RankBeat]) -> dict[str, Any]:
+    """The heartbeat's per-rank part: ``{"v": 2, "places": [[hash, where], ...], "ranks": [...]}``,
+    each distinct place once. Keys ``r``, ``pid``, ``s``, ``p`` are those of version 1 (``p`` left
+    out when the main thread is running)."""
+    places: dict[tuple[str, str], int] = {}
+    ranks = []
+    for b in beats:
+        d: dict[str, Any] = {"r": b.rank, "pid": b.pid, "s": b.state, "g": round(b.stall, 1),
+                             "k": _SIGNALS.get(b.signal, "m")}
+        if b.pause >= 0.05:
+            d["p"] = round(b.pause, 1)
+        if b.dead:
+            d["d"] = 1
+        if b.where or b.stack:
+            d["w"] = places.setdefault((b.stack, b.where[:MAX_WHERE]), len(places))
+        if b.seqs:
+            d["q"] = dict(sorted(b.seqs)[:MAX_GROUPS])
+        if b.step is not None:
+            d["t"] = round(b.step, 4)
+        ranks.append(d)
+    return {"v": HB_VERSION, "places": [list(p) for p in places], "ranks": ranks}
+
+
+def beats_from_json(hb: Mapping[str, Any]) -> list[RankBeat]:
+    """The ranks of a heartbeat body (version 1 or 2). A version-1 beat knows only the main thread:
+    its pause is its stall."""
+    places = [(str(h), str(w)) for h, w in hb.get("places", ())]
+    out = []
+    for d in hb.get("ranks", ()):
+        pause = float(d.get("p", 0.0))
+        state = str(d.get("s", "?"))
+        w = d.get("w")
+        stack, where = places[w] if isinstance(w, int) and 0 <= w < len(places) else ("", "")
+        q = d.get("q")
+        out.append(RankBeat(
+            rank=int(d["r"]), pid=d.get("pid"), state=state, pause=pause,
+            stall=float(d["g"]) if "g" in d else pause, signal=_SIGNAL_OF.get(d.get("k", "m"), MAIN_THREAD),
+            dead=bool(d.get("d")) if "g" in d else state in _DEAD_V1, where=where, stack=stack,
+            seqs=tuple((str(g), int(n)) for g, n in q.items()) if isinstance(q, dict) else (),
+            step=float(d["t"]) if d.get("t") is not None else None))
+    return out
