@@ -36,7 +36,7 @@ def _beats(c, pred, timeout: float = 60.0) -> dict[int, wire.RankBeat]:
         client.close()
 
 
-def test_spinning_hang_on_node_1_is_named_by_watch_cluster_and_a_healthy_stretch_names_nobody(cluster, tmp_path):
+def test_spinning_hang_on_node_1_is_named_by_watch_cluster_and_a_healthy_stretch_names_nobody(cluster, tmp_path):  # noqa: F811
     go = tmp_path / "go"
     c = cluster(fault="hang", fault_rank=3, args=["--sync", "spin", "--fault-when", str(go)])
     c.jobs[0].wait_steps(2, timeout=120)

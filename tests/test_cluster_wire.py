@@ -121,11 +121,15 @@ def test_heartbeat_beats_round_trip_compact_and_read_version_1():
     assert [b.rank for b in back] == list(range(8))
     assert back[3] == beats[3]
     assert back[0] == beats[0]
-    # bounded: about 100 bytes a rank of JSON with two groups' sequence numbers, places included
-    assert len(json.dumps(body, separators=(",", ":"))) / 8 < 120
-    many = wire.beats_to_json([wire.RankBeat(rank=0, where="x" * 500, seqs=tuple((f"g{i}", i) for i in range(40)))])
-    assert len(many["places"][0][1]) == wire.MAX_WHERE and len(many["ranks"][0]["q"]) == wire.MAX_GROUPS
+    assert wire.beat_ranks(body) == list(range(8))
+    assert wire.beat_stalls(body)[3] == (3, 9.0, "main thread", True)
+    # bounded: about 50 bytes a rank of JSON with two groups' sequence numbers, tables included
+    assert len(json.dumps(body, separators=(",", ":"))) / 8 < 70
+    many = wire.beats_to_json([wire.RankBeat(rank=0, where="x" * 500, seqs=tuple((f"g{i:02}", i) for i in range(40)))])
+    assert len(many["places"][0][1]) == wire.MAX_WHERE and len(many["groups"]) == wire.MAX_GROUPS
+    assert wire.beats_from_json(many)[0].seqs == tuple((f"g{i:02}", i) for i in range(wire.MAX_GROUPS))
     # an agent of version 1 sends state and pause only: its pause is the stall, its state says dead
     old = wire.beats_from_json({"ranks": [{"r": 2, "pid": 9, "s": "stopped", "p": 4.5}, {"r": 5, "s": "sleeping", "p": 1}]})
     assert [(b.rank, b.stall, b.signal, b.dead) for b in old] == [(2, 4.5, "main thread", True),
                                                                     (5, 1.0, "main thread", False)]
+    assert wire.beat_ranks({"ranks": [{"r": 2, "s": "sleeping"}]}) == [2]

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from scout_sys.cluster.wire import RankBeat, beats_from_json
+from scout_sys.cluster.client import gc_paused
+from scout_sys.cluster.wire import RankBeat, beat_ranks, beat_stalls, beats_from_json
 from scout_sys.errors import BadToken, ScoutError, StoreUnreachable
 from scout_sys.model import Diagnosis, Event
 from scout_sys.watch import HANG_KINDS
@@ -76,7 +77,8 @@ class ClusterWatcher:
         self.book = IncidentBook()
         self.last: Diagnosis | None = None
         self.cluster: dict[str, Any] = {}
-        self.ranks: dict[int, Seen] = {}  # the observed ranks (agents not lost), from the last heartbeats
+        self._seen: list[tuple[int, dict[str, Any], float]] = []  # (node, heartbeat, age) of agents not lost
+        self._ranks: dict[int, Seen] | None = None
         self._beats: dict[int, tuple[int, float]] = {}  # node -> (seq, when we saw it change)
         self._lost: set[int] = set()
 
@@ -84,7 +86,20 @@ class ClusterWatcher:
     def stall_after(self) -> float:
         return self.hang.stall_after
 
+    @property
+    def ranks(self) -> dict[int, Seen]:
+        """The observed ranks (of agents not lost) as the last heartbeats describe them (built when
+        asked: a poll reads only what the suspicion needs)."""
+        if self._ranks is None:
+            self._ranks = {b.rank: Seen(node, str(hb.get("host", "?")), b, age)
+                           for node, hb, age in self._seen for b in beats_from_json(hb)}
+        return self._ranks
+
     def poll(self) -> list[Event | AgentEvent]:
+        with gc_paused():  # thousands of heartbeats' small objects: see client.gc_paused
+            return self._poll()
+
+    def _poll(self) -> list[Event | AgentEvent]:
         if self.client is None:
             self.client = self.connect()
             if self._unreachable:
@@ -94,22 +109,26 @@ class ClusterWatcher:
         now = self.clock()
         beats = client.heartbeats()
         events: list[Event | AgentEvent] = list(self._agents(beats, now))
-        self.ranks, missing, settling = {}, False, False
+        self._seen, missing, settling, dead = [], False, False, False
+        stalls: list[tuple[float, str]] = []
+        n = 0
         for node, (hb, _) in beats.items():
             if hb is None or node in self._lost:
                 continue
             age = max(0.0, now - self._beats[node][1])
-            for b in beats_from_json(hb):
-                self.ranks[b.rank] = Seen(node, str(hb.get("host", "?")), b, age)
+            self._seen.append((node, hb, age))
+            for _rank, s, signal, gone in beat_stalls(hb):
+                # a rank's stall goes on while its beat gets older: it has not been seen progressing since
+                stalls.append((s + age, signal))
+                dead |= gone
             missing |= bool(hb.get("missing"))
             settling |= bool(hb.get("settling"))
-        n = len(self.ranks) + sum(len((hb or {}).get("missing") or ()) for node, (hb, _) in beats.items()
-                                  if node not in self._lost)
-        # a rank's stall goes on while its beat gets older: it has not been seen progressing since
-        stall, signal = majority_of(((s.beat.stall + s.age, s.beat.signal) for s in self.ranks.values()), n)
+            n += len(hb.get("missing") or ())
+        self._ranks = None
+        stall, signal = majority_of(stalls, n + len(stalls))
         hang_open = bool(self.book.of_kinds(HANG_KINDS))
         learning = not (missing or settling or self._lost) and all(hb for hb, _ in beats.values())
-        d = self.hang.decide(now, stall, signal, decisive=missing or any(s.beat.dead for s in self.ranks.values()),
+        d = self.hang.decide(now, stall, signal, decisive=missing or dead,
                              hang_open=hang_open, learning=learning)
         if d.confirm:
             self.last, self.cluster = client.diagnose(CONFIRM_WINDOW)
@@ -125,7 +144,7 @@ class ClusterWatcher:
         out = []
         for node, (hb, problem) in sorted(beats.items()):
             host = (hb or {}).get("host", "?")
-            ranks = tuple(int(r["r"]) for r in (hb or {}).get("ranks", ()))
+            ranks = tuple(beat_ranks(hb or {}))
             seq = int(hb["seq"]) if hb else -1
             old = self._beats.get(node)
             if old is None or seq != old[0]:
