@@ -170,3 +170,36 @@ def test_stall_after_adapts_to_healthy_stretches_like_the_single_host_watch():
     assert s.windows == 0
     fixed = ClusterWatcher(lambda: s, clock=lambda: s.now, stall_after=2.0)
     assert fixed.stall_after == 2.0
+
+
+# ---------------------------------------------------------------- what an agent puts in a beat
+
+def test_an_agents_beats_are_the_watch_progress_part_place_hash_seqs_and_step_time():
+    from scout_sys.cluster.beat import LocalWatch
+    from scout_sys.model import CollectiveSample, ExitRecord, Fingerprint, ProcSample
+    from tests.test_watch_parts import T0, _proc, _stack
+
+    def coll(rank, t, seq):
+        fps = tuple(Fingerprint(seq=s, op="allreduce", time=t - 0.25 * (seq - s)) for s in range(max(1, seq - 3), seq + 1))
+        return CollectiveSample(time=t, rank=rank, pid=100 + rank, backend="nccl", group="nccl:0", seq=seq,
+                                completed=None, inside=False, last_enter=None, last_exit=None, last=fps[-1], recent=fps)
+
+    lw = LocalWatch(1.0)
+    procs: list[ProcSample] = []
+    for i in range(8):  # ranks 0-2 spin at one place (GPU shape, no eBPF); rank 3's collectives go on
+        t = T0 + i
+        procs = [_proc(r, t, status="running") for r in range(4)]
+        lw.window([*procs, *[_stack(r, t, line=1 + i % 2) for r in range(3)], _stack(3, t, fn=f"step{i}"),
+                   coll(3, t, seq=10 + 4 * i)], t)
+    lw.window([ExitRecord(time=T0 + 7, rank=9, pid=109, exit_code=1, signal=None)], T0 + 7)
+    beats = {b.rank: b for b in lw.beats(procs, T0 + 7)}
+    assert (beats[0].stall, beats[0].signal) == (7.0, STACK)  # what watch's Progress says, not a second tracker
+    assert (beats[3].stall, beats[3].signal) == (0.0, "collectives")
+    assert beats[0].where.startswith("/j/train.py:") and "wait" in beats[0].where
+    assert beats[0].stack == beats[1].stack != beats[3].stack and len(beats[0].stack) == 8
+    assert beats[3].seqs == (("nccl:0", 38),) and beats[3].step == 0.25 and beats[0].step is None
+    assert not any(b.dead for b in beats.values()) and beats[0].pause == 0.0
+    # the probes' records stay for the next window's answer (an exit is reported once, to whoever reads first)
+    assert any(isinstance(o, ExitRecord) for o in lw.records())
+    lw.forget()
+    assert lw.records() == [] and lw.beats(procs, T0 + 8)[0].stall == 0.0
