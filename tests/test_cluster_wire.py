@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -57,8 +58,17 @@ def test_activities_and_records_round_trip_through_json():
     for a in acts.values():
         assert wire.activity_from_json(json.loads(json.dumps(wire.activity_to_json(a)))) == a
     packed = json.loads(json.dumps(wire.activities_to_json(acts.values())))
-    assert len(packed["stacks"]) == 2  # each distinct stack once
+    assert len(packed["stacks"]) == 2 and len(packed["waits"]) == 1  # each distinct stack, wait, place once
     assert wire.activities_from_json(packed) == acts
+    assert {hash(a) for a in wire.activities_from_json(packed).values()} == {hash(a) for a in acts.values()}
+    # the earlier form (place and wait in full for each rank) still reads the same
+    earlier = {"stacks": packed["stacks"], "locations": packed["locations"],
+               "acts": [{**x, **{k: wire.activity_to_json(acts[x["rank"]])[k] for k in ("where", "wait") if k in x}}
+                        for x in packed["acts"]]}
+    assert wire.activities_from_json(earlier) == acts
+    odd = wire.job_to_json(replace(job, ranks=(replace(job.ranks[0], host="elsewhere", coords=(("dp", 1),)),)))
+    assert wire.job_from_json(json.loads(json.dumps(odd))).ranks[0].coords == (("dp", 1),)
+    assert wire.job_from_json(odd).ranks[0].host == "elsewhere" and "host" not in wire.job_to_json(job)["ranks"][0]
     fp = Fingerprint(seq=3, op="allreduce", time=T0, count=10, dtype="float32", redop="sum")
     recs = [CollectiveSample(time=T0, rank=1, pid=1001, backend="gloo", group="gloo:0", seq=3, completed=2,
                              inside=True, last_enter=T0, last_exit=None, last=fp, recent=(fp,)),
