@@ -39,13 +39,12 @@ def _beats(c, pred, timeout: float = 60.0) -> dict[int, wire.RankBeat]:
 def test_spinning_hang_on_node_1_is_named_by_watch_cluster_and_a_healthy_stretch_names_nobody(cluster, tmp_path):  # noqa: F811
     go = tmp_path / "go"
     c = cluster(fault="hang", fault_rank=3, args=["--sync", "spin", "--fault-when", str(go)])
-    c.jobs[0].wait_steps(2, timeout=120)
-    c.start()
-    # every rank's beat says where its latest stack sample was, and how long since it progressed
-    beats = _beats(c, lambda bs: len(bs) == 4 and all(b.stack and b.where for b in bs.values()))
-    assert all(not b.dead and b.stall < 30 for b in beats.values()), beats
+    c.start()  # the agents wait for their ranks, as when started beside the job
     w = Stream(c, "--headless", "--stall-after", "4")
     try:
+        # every rank's beat says where its latest stack sample was, and how long since it progressed
+        beats = _beats(c, lambda bs: len(bs) == 4 and all(b.stack and b.where for b in bs.values()))
+        assert all(not b.dead and b.stall < 30 for b in beats.values()), beats
         assert w.quiet(6.0) == []  # healthy, spinning: nobody named (1.5x the stall-after)
         go.touch()
         c.jobs[1].wait_fault(timeout=60)
