@@ -203,3 +203,19 @@ def test_an_agents_beats_are_the_watch_progress_part_place_hash_seqs_and_step_ti
     assert any(isinstance(o, ExitRecord) for o in lw.records())
     lw.forget()
     assert lw.records() == [] and lw.beats(procs, T0 + 8)[0].stall == 0.0
+
+
+def test_an_agent_busy_with_a_window_it_announced_does_not_age_its_ranks():
+    s = SpinScript()
+    w = ClusterWatcher(lambda: s, clock=lambda: s.now)
+    _spin(w, s, 2, stalled=())
+    real = s.heartbeats
+
+    def busy():  # both agents announced a 10 s window and have not beaten since
+        return {n: ({**hb, "busy_for": 10.0}, p) for n, (hb, p) in real().items()}
+
+    s.heartbeats = busy
+    for _ in range(8):
+        s.now += 1.0
+        w.poll()
+    assert s.windows == 0 and w.ranks[0].age == 8.0

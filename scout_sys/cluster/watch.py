@@ -117,9 +117,11 @@ class ClusterWatcher:
                 continue
             age = max(0.0, now - self._beats[node][1])
             self._seen.append((node, hb, age))
+            # a rank's stall goes on while its beat gets older (it has not been seen progressing since),
+            # except during a window its agent announced (busy_for): that window's stacks feed its next beat
+            older = max(0.0, age - float(hb.get("busy_for") or 0.0))
             for _rank, s, signal, gone in beat_stalls(hb):
-                # a rank's stall goes on while its beat gets older: it has not been seen progressing since
-                stalls.append((s + age, signal))
+                stalls.append((s + older, signal))
                 dead |= gone
             missing |= bool(hb.get("missing"))
             settling |= bool(hb.get("settling"))
