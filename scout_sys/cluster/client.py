@@ -43,6 +43,7 @@ class ClusterClient:
                            "(wrong token, or another job's store)") from None
         self.nonce: str = run["nonce"]
         self.nnodes = int(run.get("nnodes", 1))
+        self.last_answers: dict[int, Answer] = {}  # the last window's verified answers (evidence bundles)
 
     def heartbeats(self) -> dict[int, tuple[dict[str, Any] | None, str]]:
         """node -> (its last verified heartbeat or None, what is wrong with it or "")."""
@@ -111,6 +112,7 @@ class ClusterClient:
                 elif hb_problem:
                     detail += f"; {hb_problem}"
                 states.append(AgentState(node, host, state, detail, ranks))
+        self.last_answers = answers
         for k in [key, *(wire.answer_key(rid, n) for n in answers)]:
             self.store.delete(k)  # the store holds only what is in flight
         if not any(s.state == ANSWERED for s in states):

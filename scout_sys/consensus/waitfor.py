@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scout_sys.consensus import c3
+from scout_sys.consensus import c3, learned
 
 ATTRIBUTED = c3.ATTRIBUTED
 INCONCLUSIVE = c3.INCONCLUSIVE
@@ -332,17 +332,12 @@ def chain_text(graph: Graph, chain: Sequence[int], waits: Mapping[int, Wait]) ->
 # --------------------------------------------------------------------------- the seam in consensus/hang.py
 
 ELSEWHERE_RANK = -1  # stands for the members of a group that run on other hosts
+_SOURCES = {"procfs": "the ranks' TCP connections", "ebpf-comms": "NCCL communicator creation (eBPF)"}
 
 
 def latest_groups(obs: Sequence[Any]) -> Any | None:
-    """The newest :class:`~scout_sys.model.ProcessGroupSample` with at least one group."""
-    from scout_sys.model import ProcessGroupSample
-
-    best = None
-    for o in obs:
-        if isinstance(o, ProcessGroupSample) and o.groups and (best is None or o.time >= best.time):
-            best = o
-    return best
+    """The job's process groups, every source merged (:func:`consensus.learned.merged`)."""
+    return learned.merged(obs)
 
 
 def from_activities(acts: Mapping[int, Any], sample: Any) -> tuple[dict[int, Wait], list[tuple[int, ...]]]:
@@ -352,6 +347,8 @@ def from_activities(acts: Mapping[int, Any], sample: Any) -> tuple[dict[int, Wai
     waits = {r: Wait(r, a.state, waits_in.get(r) if a.state == "waiting" else None,
                      a.wait.label() if a.state == "waiting" and a.wait else "")
              for r, a in acts.items()}
+    for r, (g, label) in learned.gpu_waits(sample, acts).items():
+        waits[r] = Wait(r, "waiting", g, label)
     return waits, groups
 
 
@@ -367,6 +364,8 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
     incidents = list(incidents)
     sample = latest_groups(obs)
     stalled = any(i.kind == HANG and i.status != ATTR for i in incidents)
+    if sample is not None and not stalled and not incidents:
+        stalled = learned.gpu_stall(sample, acts, window)
     if sample is None or not stalled or any(i.status == ATTR for i in incidents):
         return incidents, []  # only where the rules saw a stall and could not name its origin
     waits, groups = from_activities(acts, sample)
@@ -374,11 +373,13 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
     if g.status == NONE:
         return incidents, []
     ev = [Evidence("procfs", f"wait-for: {chain_text(g, c, waits)}", data={"chain": list(c)}) for c in g.chains]
-    ev.append(Evidence("procfs", f"wait-for graph over {len(sample.groups)} process groups learned from the "
-                       "ranks' TCP connections", data={"wait_for": g.edges_json()}))
+    sources = " and ".join(_SOURCES.get(src, src) for src in sample.source.split("+"))
+    ev.append(Evidence("procfs", f"wait-for graph over {len(sample.groups)} process groups learned from {sources}",
+                       data={"wait_for": g.edges_json()}))
     if g.status == ATTRIBUTED:
         origins = [acts[r] for r in g.origins]
-        witnesses = [a for a in acts.values() if a.state == "waiting" and a.rank not in g.kinds]
+        waiters = {r for e in g.edges for r in e.waiters}  # in a collective frame, or spinning (GPU shape)
+        witnesses = [a for a in acts.values() if a.rank in waiters and a.rank not in g.kinds]
         found = attribute(job, origins, witnesses, "collectives of their process groups", len(acts), window,
                           decisive_only=False)
         found = [replace(i, evidence=i.evidence + tuple(ev)) for i in found]

@@ -30,7 +30,7 @@ from textual.widgets import Footer, Input, Tree
 from scout_sys.errors import NoRanks, ScoutError, TargetGone
 from scout_sys.model import Diagnosis, Incident
 from scout_sys.report import printable, render
-from scout_sys.text import compress
+from scout_sys.text import agent_event, compress
 from scout_sys.tui.source import Source, save_report
 from scout_sys.tui.state import category, group_stacks, parse_filter, suspects
 from scout_sys.tui.widgets import (
@@ -210,7 +210,11 @@ class ScoutApp(App[int]):
         self._arm_poll(delay)
 
     def _on_event(self, ev: Any) -> None:
-        inc: Incident = ev.incident
+        inc: Incident | None = getattr(ev, "incident", None)
+        if inc is None:  # the monitor's own news (watch --cluster: an agent lost, or back)
+            self.notify(printable(agent_event(ev)), severity="warning" if ev.event == "agent_lost" else "information",
+                        markup=False, timeout=8)
+            return
         self.incidents_seen.add(inc.id or inc.kind)
         what = f"{inc.kind} ({inc.status})" + (f" ranks {compress(inc.ranks)}" if inc.ranks else "")
         bundle = getattr(ev, "bundle", None)
@@ -293,7 +297,8 @@ class ScoutApp(App[int]):
             visible.append(r)
             hosts.setdefault(block.get(r, "other") if block else host, []).append(Cell(r, cat))
         self._visible = visible
-        self.query_one(RankGrid).set_cells(list(hosts.items()))
+        lost = {a["host"]: f"agent {a['state']}" for a in getattr(s, "agents", ()) if a["state"] != "up"}
+        self.query_one(RankGrid).set_cells(list(hosts.items()), notes=lost)
         self.query_one(Legend).show(counts, len(visible), len(everyone))
         self.query_one(IncidentTree).show_incidents(s.incidents, s.closed, s.time)
         stacks = s.stacks or {r: v.stack for r, v in s.views.items() if v.stack}

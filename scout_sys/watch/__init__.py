@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from scout_sys.consensus import hardware, lifecycle
+from scout_sys.exporters import feed
 from scout_sys.job import find_job
 from scout_sys.model import (
     DESYNC,
@@ -47,10 +48,11 @@ from scout_sys.model import (
 from scout_sys.monitor import Monitor, default_probes
 from scout_sys.replay.live import ReplayPart
 from scout_sys.watch import bundle
+from scout_sys.watch.early import EarlyProbes, early_probes
 from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch, with_trigger
 from scout_sys.watch.incidents import IncidentBook
 from scout_sys.watch.progress import Progress, Rotation
-from scout_sys.watch.restart import ENDED, FOUND, SAME, RankFinder
+from scout_sys.watch.restart import ENDED, FOUND, SAME, RankFinder, selector_pids
 from scout_sys.watch.sample import cheap_sample
 from scout_sys.watch.sample import dead as _dead
 from scout_sys.watch.straggler import StragglerWatch
@@ -83,6 +85,8 @@ class Watcher:
         self.clock = clock
         self.sleep = sleep
         self.finder = RankFinder(selector, lambda sel: find_job(sel, topology), wait_ranks=wait_ranks)
+        # probes that must be attached before the ranks start (NCCL communicator creation)
+        self.early = EarlyProbes(early_probes() if ebpf else [], lambda: selector_pids(selector))
         self.hang = HangWatch(stall_after)
         self.progress = Progress()
         self.rotation = Rotation(period=stack_period, interval=interval)
@@ -119,6 +123,7 @@ class Watcher:
     def start(self) -> None:
         """Find the job (raises when the selector names nothing); its ranks may come later."""
         self.started = self.clock()
+        self.early.start()
         self._look_for_ranks(self.started)
 
     def _look_for_ranks(self, now: float) -> None:
@@ -135,7 +140,8 @@ class Watcher:
         self.job = job
         self.progress.forget()
         self.stragglers.every.reset(now)
-        self.monitor = Monitor(job, extra_probes=default_probes(self.ebpf), clock=self.clock, sleep=self.sleep)
+        self.monitor = Monitor(job, extra_probes=[*self.early.leases(), *default_probes(self.ebpf)], clock=self.clock,
+                               sleep=self.sleep)
         self.monitor.start()
         if self.replay is not None:
             self.replay.close()
@@ -153,6 +159,7 @@ class Watcher:
         if self.monitor is not None:
             self.monitor.close(background=background)
             self.monitor = None
+        self.early.close()
 
     def __enter__(self) -> Watcher:
         self.start()
@@ -188,12 +195,7 @@ class Watcher:
         """One iteration: its events; the sinks get them and the new snapshot."""
         t0 = time.monotonic()
         events = self._poll()
-        took = time.monotonic() - t0
-        for sink in self.sinks:
-            for e in events:
-                sink.on_event(e)
-            if self.snapshot is not None:
-                sink.on_snapshot(self.snapshot, took)
+        feed(self.sinks, events, self.snapshot, time.monotonic() - t0)
         return events
 
     def _poll(self) -> list[Event]:
