@@ -6,8 +6,9 @@ agents' heartbeats, confirmation windows, the incident book, lost agents) plus w
 gives a person around its events:
 
 - after each poll, a :class:`~scout_sys.model.Snapshot` of the whole job: every rank with the host
-  its agent reports (the dashboard groups the grid by it), the state from the heartbeats, the place and
-  stack from the last confirmation window, a lost agent's ranks *unknown* (not observed), and one
+  its agent reports (the dashboard groups the grid by it), the state and place from the heartbeats (the
+  agent's latest stack sample), the stack from the last confirmation window, a lost agent's ranks
+  *unknown* (not observed), and one
   entry per agent (``Snapshot.agents``);
 - the sinks (``--prometheus``, ``--on-incident``, ``--events``: scout_sys/exporters) fed every event
   and snapshot, as the Watcher's ``sinks`` seam does;
@@ -23,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any
 
 from scout_sys.cluster import wire
 from scout_sys.cluster.client import to_json
@@ -41,20 +42,10 @@ NO_AGENT = "(no agent)"  # the grid's group for ranks no agent reports
 Beats = Mapping[int, tuple[dict[str, Any] | None, str]]
 
 
-class Beat(NamedTuple):
-    """What the dashboard reads of one rank in a heartbeat."""
-
-    rank: int
-    pid: int | None
-    state: str
-    pause: float  # seconds since the main thread last ran
-
-
-def rank_beats(hb: Mapping[str, Any]) -> list[Beat]:
-    """The ranks of a heartbeat body (``{"ranks": [{"r", "pid", "s", "p"}, ...]}``): the one place this
-    module decodes heartbeats."""
-    return [Beat(int(x["r"]), x.get("pid"), str(x.get("s", "unknown")), float(x.get("p") or 0.0))
-            for x in hb.get("ranks", ())]
+def rank_beats(hb: Mapping[str, Any]) -> list[wire.RankBeat]:
+    """The ranks of a heartbeat body (any version: :func:`~scout_sys.cluster.wire.beats_from_json`):
+    the one place this module decodes heartbeats."""
+    return wire.beats_from_json(hb)
 
 
 class _Tap:
@@ -195,6 +186,9 @@ class ClusterSource(ClusterWatcher):
         if self.book.of_kinds(HANG_KINDS):  # while a hang is open its window's views stand (witnesses "waiting")
             procs = [p for p in procs if p.rank not in self._src_views.views]
         self._src_views.from_procs(procs, now)
+        fresh = {p.rank for p in procs}
+        for b in (b for n in up for b in entries[n] if b.where and b.rank in fresh):  # the agents' latest samples
+            self._src_views.views[b.rank] = replace(self._src_views.views[b.rank], where=b.where)
         job = self._src_job(entries, d)
         unseen = set(job.remote) | {r for r in range(job.world_size) if r not in job.by_rank()
                                     and r not in job.missing}

@@ -49,10 +49,12 @@ from scout_sys.monitor import Monitor, default_probes
 from scout_sys.replay.live import ReplayPart
 from scout_sys.watch import bundle
 from scout_sys.watch.early import EarlyProbes, early_probes
-from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch
+from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch, with_trigger
 from scout_sys.watch.incidents import IncidentBook
 from scout_sys.watch.progress import Progress, Rotation
 from scout_sys.watch.restart import ENDED, FOUND, SAME, RankFinder, selector_pids
+from scout_sys.watch.sample import cheap_sample
+from scout_sys.watch.sample import dead as _dead
 from scout_sys.watch.straggler import StragglerWatch
 from scout_sys.watch.views import Views
 
@@ -62,10 +64,6 @@ if TYPE_CHECKING:
 HANG_KINDS = frozenset({HANG, PROCESS_STALL, PROCESS_EXIT, DESYNC})
 HISTORY_SECONDS = 60.0
 WAITING_TEXT = "waiting for the job's ranks…"
-def _dead(p: ProcSample) -> bool:
-    """Stopped or gone. A py-spy dump's momentary pause (ProcSample.stopped) is neither: the watch's
-    own native dump for an evidence bundle must not open a process_stall on the ranks it reads."""
-    return p.stopped or p.status in ("zombie", "gone")
 
 __all__ = ["HANG_KINDS", "WAITING_TEXT", "Watcher"]
 
@@ -207,10 +205,9 @@ class Watcher:
             return []
         mon, job = self.monitor, self.job
         assert mon is not None
-        procs = mon.procfs.sample(now)
-        batch: list[Observation] = [*procs, *mon.sample_extra(now), *self._rotate_stacks(procs)]
+        procs, batch, stacks = cheap_sample(mon, self.progress, self.rotation, now)
+        self.views.from_stacks(stacks)
         self._remember(batch, now)
-        self.progress.observe(batch, now)
         events: list[Event] = []
         # peer groups learned from the process groups (consensus/peers.py), unless the job came with a layout
         self.job = job = peers.with_learned(job, batch)
@@ -260,13 +257,7 @@ class Watcher:
             findings = self._confirm()
             self.hang.confirmed(now, found=bool(findings), stall=stall)
             if d.suspect and not hang_open:
-                trigger = Evidence("procfs" if d.signal != "collectives" else "ebpf",
-                                   f"a strict majority of ranks made no progress for {stall:.1f} s "
-                                   f"(signal: {d.signal}; stall-after {self.stall_after:.1f} s)",
-                                   data={"trigger": d.signal, "stall": round(stall, 3),
-                                         "stall_after": round(self.stall_after, 3)})
-                findings = [replace(f, evidence=f.evidence + (trigger,)) if f.kind == HANG else f
-                            for f in findings]
+                findings = with_trigger(findings, d, self.stall_after)
         elif hang_open:
             findings = self.book.of_kinds(HANG_KINDS)  # between two windows the hang stays as it was
         else:
@@ -299,15 +290,6 @@ class Watcher:
         self._obs.extend(batch)
         while self._obs and self._obs[0].time < now - HISTORY_SECONDS:
             self._obs.popleft()
-
-    def _rotate_stacks(self, procs: Sequence[ProcSample]) -> list[StackSample]:
-        """A few live ranks' stacks, in turn: cheap progress for the spin shape, and the dashboard's stacks."""
-        assert self.monitor is not None
-        live = [p.rank for p in procs if p.alive and not _dead(p)]
-        slow = self.progress.sees_collectives(live)
-        samples = self.monitor.stacks.dump(set(self.rotation.take(live, slow=slow)))
-        self.views.from_stacks(samples)
-        return samples
 
     def _confirm(self) -> list[Incident]:
         """A short stack window, judged by the diagnose rules (with eBPF records of the recent past)."""
