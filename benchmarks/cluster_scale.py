@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+import gc
 import os
 import statistics
 import subprocess
@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from benchmarks.consensus_scale import T0, observations  # noqa: E402
 from scout_sys.cluster import wire  # noqa: E402
 from scout_sys.cluster.agent import Agent  # noqa: E402
-from scout_sys.cluster.merge import ANSWERED, AgentState, Answer, decide, merge_job  # noqa: E402
+from scout_sys.cluster.merge import ANSWERED, AgentState, decide, merge_job  # noqa: E402
 from scout_sys.consensus import hang  # noqa: E402
 from scout_sys.model import Job, ProcSample, Rank, StackSample  # noqa: E402
 
@@ -54,9 +54,18 @@ class SimAgent(Agent):
                                        for i in range(self.per)), world_size=self.per * self.nnodes,
                            launcher="sim", launcher_pid=None, host=self.name)
 
-    def _beats(self, now: float) -> list[dict[str, Any]]:
+    def _beats(self, now: float) -> dict[str, Any]:
+        """What a real agent's heartbeat carries for ranks of an 8-GPU host in the GPU shape: running,
+        seen progressing by eBPF's sequence numbers on two process groups, a step time, two places."""
         assert self.job is not None
-        return [{"r": r.rank, "pid": r.pid, "s": "sleeping", "p": 12.5} for r in self.job.ranks]
+        return wire.beats_to_json(
+            wire.RankBeat(rank=r.rank, pid=r.pid, state="running", stall=0.4, signal="collectives",
+                          where=f"train.py:{151 if r.local_rank % 4 else 78} "
+                                + ("wait_for_buckets (in distributed_c10d.py:3012 is_completed)"
+                                   if r.local_rank % 4 else "load_next_batch"),
+                          stack="0a1b2c3d" if r.local_rank % 4 else "ffee0011",
+                          seqs=(("nccl:0", 120_345), ("nccl:1", 4_012)), step=0.3125)
+            for r in self.job.ranks)
 
     def _window(self, window: float) -> dict[str, Any]:
         assert self.job is not None
@@ -166,44 +175,84 @@ def loopback(agents: int, per: int, window: float, runs: int) -> bool:
         os.unlink(token_file)
 
 
+class MemStore:
+    """Sealed values in memory, read as the client reads the store (no network: the client's CPU alone)."""
+
+    def __init__(self, values: dict[str, bytes]) -> None:
+        self.values = values
+
+    def get(self, key: str) -> bytes | None:
+        return self.values.get(key)
+
+
 def synthetic(sizes: list[int], per: int) -> bool:
+    from scout_sys.cluster.client import ClusterClient, answer_from, gc_paused
+    from scout_sys.cluster.watch import ClusterWatcher
+
     def one(obs: list[Any]) -> hang.Activity:
         return hang.summarize(0, [o for o in obs if isinstance(o, ProcSample)],
                               [o for o in obs if isinstance(o, StackSample)])
 
+    token, nonce = os.urandom(32), "0" * 32
     idle, wait = one(observations(1, idle=0)), one(observations(1))
     ok = True
     for n in sizes:
-        bodies = []
+        raws, beats = {}, {}
         for k in range(n // per):
             ranks = range(k * per, (k + 1) * per)
             job = Job(ranks=tuple(Rank(rank=r, pid=1000 + r, host=f"h{k}", local_rank=r - ranks.start) for r in ranks),
                       world_size=n, launcher="sim", launcher_pid=None, host=f"h{k}")
             acts = [replace(idle if r == n // 3 else wait, rank=r, pid=1000 + r) for r in ranks]
-            bodies.append(json.dumps({"node": k, "host": f"h{k}", "job": wire.job_to_json(job), "window": [T0, T0 + 2],
-                                      "acts": wire.activities_to_json(acts)}))
+            key = wire.answer_key(1, k)
+            raws[key] = wire.seal(token, key, nonce, {"node": k, "host": f"h{k}", "job": wire.job_to_json(job),
+                                                      "window": [T0, T0 + 2], "acts": wire.activities_to_json(acts),
+                                                      "records": [], "probes": {}, "id": 1})
+            sim = SimAgent(("127.0.0.1", 1), nnodes=n // per, node_rank=k, token=token, host_name=f"h{k}", per=per)
+            sim.job = job
+            beats[wire.hb_key(k)] = wire.seal(token, wire.hb_key(k), nonce, {"node": k, "host": f"h{k}", "time": T0,
+                                                                            "seq": 1, **sim._beats(T0)})
         t = time.process_time()
-        answers = []
-        for text in bodies:
-            b = json.loads(text)
-            acts = wire.activities_from_json(b["acts"])
-            answers.append(Answer(node=b["node"], host=b["host"], job=wire.job_from_json(b["job"]), acts=acts,
-                                  window=tuple(b["window"])))
-        t_parse = time.process_time() - t
+        with gc_paused():  # as the client decodes them
+            bodies = {k: wire.unseal(token, wire.answer_key(1, k), raws[wire.answer_key(1, k)], nonce)
+                      for k in range(n // per)}
+            t_verify = time.process_time() - t
+            answers = [answer_from(b, k) for k, b in bodies.items()]
+            t_parse = time.process_time() - t - t_verify
+            t = time.process_time()
+            d, _ = decide(answers, [AgentState(a.node, a.host, ANSWERED) for a in answers], world_size=n,
+                          source="sim", now=T0 + 3)
+            t_decide = time.process_time() - t
         t = time.process_time()
-        d, _ = decide(answers, [AgentState(a.node, a.host, ANSWERED) for a in answers], world_size=n,
-                      source="sim", now=T0 + 3)
-        t_decide = time.process_time() - t
+        gc.collect()  # what pausing the collector deferred, paid here
+        t_gc = time.process_time() - t
         job, acts = merge_job(answers, n, "sim"), {r: a for x in answers for r, a in x.acts.items()}
         t = time.process_time()
         hang.analyze_activities(job, acts, window=(T0, T0 + 2))
         t_rules = time.process_time() - t
         right = [(i.kind, i.ranks) for i in d.incidents] == [("hang", (n // 3,))]
         ok &= right
-        print(f"whole-job {n:>6} ranks from {n // per} agents: decode answers {t_parse:.3f} CPU s; verdict "
-              f"{t_decide:.3f} CPU s ({1e6 * t_decide / n:.1f} us/rank), of which the hang rules "
-              f"{t_rules:.3f} s and the rest per-rank views and the other rules{'' if right else '  WRONG VERDICT'}",
+        size = sum(map(len, raws.values())) / n
+        print(f"whole-job {n:>6} ranks from {n // per} agents: answers {size:.0f} B a rank (sealed); verify them "
+              f"{t_verify:.3f} CPU s, decode {t_parse:.3f} CPU s; verdict "
+              f"{t_decide:.3f} CPU s ({1e6 * t_decide / n:.1f} us/rank); the collection the pause deferred "
+              f"{t_gc:.3f} s; total {t_verify + t_parse + t_decide + t_gc:.3f} CPU s. The hang rules alone "
+              f"{t_rules:.3f} s{'' if right else '  WRONG VERDICT'}",
               flush=True)
+
+        # watch --cluster's steady poll: read every heartbeat, the majority's stall, HangWatch
+        client = ClusterClient.__new__(ClusterClient)
+        client.token, client.nonce, client.nnodes, client.source = token, nonce, n // per, "sim"
+        client.store = MemStore(beats)  # type: ignore[assignment]
+        clock = [T0]
+        w = ClusterWatcher(lambda c=client: c, clock=lambda c=clock: c[0])
+        w.poll()
+        clock[0] += 1.0
+        t = time.process_time()
+        w.poll()
+        t_poll = time.process_time() - t
+        hb = sum(map(len, beats.values())) / n
+        print(f"watch --cluster at {n:>6} ranks: heartbeats {hb:.0f} B a rank (sealed, {hb * n / 1024:.0f} KiB a "
+              f"poll for the job); one poll (verify + decode + suspicion) {t_poll:.3f} CPU s", flush=True)
     return ok
 
 

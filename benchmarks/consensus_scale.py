@@ -7,6 +7,9 @@ Three shapes, 3 samples per rank, 8 ranks per host:
 - ``common mode``: every rank waits (the origin is not among them): nobody is named;
 - ``layout tp=8``: tensor-parallel groups of 8 (``--topology tp=8,dp=-1``), one rank stopped.
 
+Then the layout read from learned process groups (``consensus/peers.py``: tp=8 x dp x pp=4, its tp, dp,
+pp and world groups, as probes/pgroups.py would learn them) and the straggler groups derived from it.
+
 Prints seconds per shape and size and the time per rank, whose ratio 64k / 1k says whether the
 cost grows linearly (about 1) or faster. Target: a 64k-rank verdict within 1 s of consensus time on
 the leader (see benchmarks/cluster_scale.py for the path from per-rank activities).
@@ -88,7 +91,32 @@ def main() -> int:
         lo, hi = min(sizes), max(sizes)
         print(f"consensus {name:>12} growth: time per rank at {hi} / at {lo} = {per_rank[hi] / per_rank[lo]:.2f} "
               "(1.0 = linear)")
+    for n in sizes:
+        ok &= _peers(n)
     return 0 if ok else 1
+
+
+def learned_groups(n: int, tp: int = 8, pp: int = 4) -> tuple[tuple[int, ...], ...]:
+    dp = n // tp // pp
+    groups = [tuple(range(b, b + tp)) for b in range(0, n, tp)]
+    groups += [tuple(p * tp * dp + t + tp * d for d in range(dp)) for p in range(pp) for t in range(tp)]
+    groups += [tuple(s + tp * dp * k for k in range(pp)) for s in range(tp * dp)]
+    return (*groups, tuple(range(n)))
+
+
+def _peers(n: int) -> bool:
+    from scout_sys.consensus import peers
+    from scout_sys.model import ProcessGroupSample
+
+    job, sample = job_of(n), ProcessGroupSample(time=T0, groups=learned_groups(n))
+    t = time.process_time()
+    learned = peers.with_learned(job, [sample])
+    work = peers.work_groups(learned)
+    dt = time.process_time() - t
+    right = len(learned.peer_groups) == 8 * 4 and len(work) == 4 and peers.is_learned(learned)
+    print(f"peers from learned groups {n:>6} ranks: {dt:6.3f} CPU s ({1e6 * dt / n:5.1f} us/rank)"
+          f"{'' if right else '  WRONG LAYOUT: ' + learned.layout}", flush=True)
+    return right
 
 
 if __name__ == "__main__":

@@ -116,9 +116,28 @@ def check_nvml() -> Check:
     return Check("nvml", True, f"{n} GPU(s)")
 
 
+def check_nccl() -> Check:
+    """The NCCL library the communicator probe (ebpf-comms) attaches to, beside this Python; a job's
+    own installation is looked for when ``watch`` starts with it."""
+    import glob
+    import site
+
+    from scout_sys.probes.ebpf._elf import function_symbols
+    from scout_sys.probes.ebpf.comms import FUNCS, LIB_GLOBS
+
+    for d in site.getsitepackages():
+        for pattern in LIB_GLOBS:
+            for path in sorted(glob.glob(os.path.join(d, pattern))):
+                if function_symbols(path, "|".join(FUNCS).encode()):
+                    return Check("nccl groups", True, f"{path}: communicator creation probed when watch "
+                                 "starts with the job", needed=False)
+    return Check("nccl groups", False, f"no libnccl with ncclCommInitRank beside this Python ({sys.prefix}); a "
+                 "job's own is looked for when watch starts — else NCCL groups need --topology", needed=False)
+
+
 CHECKS: tuple[Callable[[], Check], ...] = (
     check_privilege, check_btf, check_headers, check_tracefs, check_uprobes, check_bcc, check_pyspy,
-    check_ptrace, check_nvml,
+    check_ptrace, check_nvml, check_nccl,
 )
 
 

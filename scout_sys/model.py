@@ -369,6 +369,9 @@ class Snapshot:
     pauses: dict[int, float] = field(default_factory=dict, hash=False, compare=False)  # main thread off CPU, s
     seqs: dict[int, dict[str, int]] = field(default_factory=dict, hash=False, compare=False)  # eBPF: group -> seq
     lost_events: int | None = None  # eBPF records dropped by full kernel maps; None: no eBPF probe on
+    # watch --cluster: one entry per agent, {"node", "host", "state": "up" | "lost" | "never reported",
+    # "ranks", "detail"}; empty on one host
+    agents: tuple[dict[str, Any], ...] = field(default=(), hash=False, compare=False)
 
     # ------------------------------------------------------------ its saved form (a report)
     def diagnosis(self) -> Diagnosis:
@@ -390,6 +393,7 @@ class Snapshot:
             "step_times": {str(r): [round(v, 6) for v in vs] for r, vs in sorted(self.step_times.items())},
             "wait_fractions": {str(r): [round(v, 4) for v in vs] for r, vs in sorted(self.wait_fractions.items())},
             "devices": {str(r): dict(d) for r, d in sorted(self.devices.items())},
+            **({"agents": [dict(a) for a in self.agents]} if self.agents else {}),
         }
         return out
 
@@ -434,6 +438,7 @@ class Snapshot:
             wait_fractions={k: tuple(v) for k, v in by_rank(w.get("wait_fractions")).items()},
             stacks={k: tuple(v) for k, v in by_rank(w.get("stacks")).items()},
             devices=by_rank(w.get("devices")), ended=bool(w.get("ended", False)), bundle=w.get("bundle"),
+            agents=tuple(dict(a) for a in w.get("agents", ())),
         )
 
 
@@ -610,7 +615,8 @@ class DeviceSample:
 @dataclass(frozen=True)
 class ProcessGroupSample:
     """The job's process groups as learned from outside (probe: process-groups, see
-    scout_sys/probes/pgroups.py), and the group each waiting rank's last send went to."""
+    scout_sys/probes/pgroups.py; or ebpf-comms, scout_sys/probes/ebpf/comms.py), and the group each
+    waiting rank's last send went to."""
 
     time: float
     groups: tuple[tuple[int, ...], ...]  # global members of each group, sorted
@@ -620,7 +626,14 @@ class ProcessGroupSample:
     waits_in_one_of: tuple[tuple[int, tuple[int, ...]], ...] = ()
     notes: tuple[str, ...] = ()
     rank: int = -1  # a job-wide record
-    source: str = "procfs"
+    source: str = "procfs"  # "procfs" (Gloo's sockets) | "ebpf-comms" (NCCL communicator creation)
+    # ebpf-comms: (rank, communicator handle, group index), so that the collective probe's NCCL calls
+    # (CollectiveSample.group_ptr) map to their group
+    handles: tuple[tuple[int, int, int], ...] = ()
+    # ebpf-comms: (rank, group index, collectives it entered in the group since the group was made),
+    # and (rank, group index, op, when: unix time) of its latest NCCL collective
+    seqs: tuple[tuple[int, int, int], ...] = ()
+    latest: tuple[tuple[int, int, str, float], ...] = ()
 
 
 Observation = Union[  # noqa: UP007 (the alias above is reassigned to add the eBPF and NVML records)

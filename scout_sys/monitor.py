@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from scout_sys.consensus import desync, hang, hardware, lifecycle, straggler
+from scout_sys.consensus import desync, hang, hardware, lifecycle, peers, straggler
 from scout_sys.errors import SUDO_HINT, PermissionDenied, ProbeUnavailable
 from scout_sys.model import (
     ATTRIBUTED,
@@ -183,8 +183,11 @@ class Monitor:
 
     # ------------------------------------------------------------------ deciding
     def decide(self, obs: Sequence[Observation], window: tuple[float, float]) -> Diagnosis:
+        # the hang and desync votes keep the layout the job came with (without one, the wait-for graph
+        # follows the learned process groups); stragglers and the report use the learned peers
+        job = peers.with_learned(self.job, obs)
         incidents, acts, notes = hang.analyze(self.job, obs, window=window)
-        slow, slow_notes = ([], []) if incidents else straggler.in_window(self.job, obs, acts, window)
+        slow, slow_notes = ([], []) if incidents else straggler.in_window(job, obs, acts, window)
         # The exit probe's deaths before desync: a dead rank is "behind" in every sequence, which
         # corroborates its process_exit even when every rank has died by now and the stack rules are silent.
         incidents = merge_findings(incidents, lifecycle.analyze(self.job, obs), desync.analyze(self.job, obs),
@@ -192,13 +195,13 @@ class Monitor:
         notes += slow_notes
         return Diagnosis(
             time=self.clock(),
-            job=self.job,
+            job=job,
             views={r: a.view() for r, a in acts.items()},
             incidents=tuple(incidents),
             probes={k: ("not attached within the window" if v == STARTING else v)
                     for k, v in self.probe_status.items()},
             window=window[1] - window[0],
-            notes=tuple(list(self.job.notes) + notes + self.health_notes()),
+            notes=tuple(list(job.notes) + notes + self.health_notes()),
         )
 
     def native_evidence(self, incidents: Sequence[Incident]) -> tuple[Incident, ...]:

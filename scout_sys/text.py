@@ -46,6 +46,14 @@ def ranks_text(ranks: Iterable[int], *, limit: int = MAX_SEGMENTS) -> str:
     return f"{len(rs)} ranks ({', '.join(segs[:limit - 2])}, ...)"
 
 
+def agent_event(e: Any) -> str:
+    """A ``watch --cluster`` agent event (cluster/watch.py ``AgentEvent``) for people:
+    ``agent node 1 (node7) lost, ranks 2-3: no heartbeat for 5 s: its ranks are not observed``."""
+    what = "lost" if e.event == "agent_lost" else "back" if e.event == "agent_back" else e.event
+    text = f"agent node {e.node} ({e.host}) {what}" + (f", {ranks_text(e.ranks)}" if e.ranks else "")
+    return text + (f": {e.detail}" if e.detail else "")
+
+
 def plural(n: int, word: str, words: str | None = None) -> str:
     """``1 rank``, ``3 ranks``."""
     return f"{n} {word if n == 1 else (words or word + 's')}"

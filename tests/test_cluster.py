@@ -167,9 +167,9 @@ def test_hang_on_node_1_is_named_with_global_rank_and_host_and_only_the_token_ge
 class Stream:
     """``watch --cluster --json``: its events as they come."""
 
-    def __init__(self, c: Cluster) -> None:
+    def __init__(self, c: Cluster, *extra: str) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "scout_sys", "watch", "--cluster", c.store, "--token-file",
-                                      str(c.token), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      str(c.token), "--json", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
         self.events: queue.Queue[dict] = queue.Queue()
         threading.Thread(target=lambda: [self.events.put(json.loads(line)) for line in self.proc.stdout],
@@ -188,6 +188,17 @@ class Stream:
             if pred(e):
                 return e
         raise AssertionError(f"no such event within {timeout} s: {self.seen}")
+
+    def quiet(self, seconds: float) -> list[dict]:
+        """The events of the next ``seconds`` (the watch must still run)."""
+        end, out = time.time() + seconds, []
+        while time.time() < end:
+            try:
+                out.append(self.events.get(timeout=0.2))
+            except queue.Empty:
+                assert self.proc.poll() is None, self.proc.stderr.read()
+        self.seen += out
+        return out
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -57,8 +58,17 @@ def test_activities_and_records_round_trip_through_json():
     for a in acts.values():
         assert wire.activity_from_json(json.loads(json.dumps(wire.activity_to_json(a)))) == a
     packed = json.loads(json.dumps(wire.activities_to_json(acts.values())))
-    assert len(packed["stacks"]) == 2  # each distinct stack once
+    assert len(packed["stacks"]) == 2 and len(packed["waits"]) == 1  # each distinct stack, wait, place once
     assert wire.activities_from_json(packed) == acts
+    assert {hash(a) for a in wire.activities_from_json(packed).values()} == {hash(a) for a in acts.values()}
+    # the earlier form (place and wait in full for each rank) still reads the same
+    earlier = {"stacks": packed["stacks"], "locations": packed["locations"],
+               "acts": [{**x, **{k: wire.activity_to_json(acts[x["rank"]])[k] for k in ("where", "wait") if k in x}}
+                        for x in packed["acts"]]}
+    assert wire.activities_from_json(earlier) == acts
+    odd = wire.job_to_json(replace(job, ranks=(replace(job.ranks[0], host="elsewhere", coords=(("dp", 1),)),)))
+    assert wire.job_from_json(json.loads(json.dumps(odd))).ranks[0].coords == (("dp", 1),)
+    assert wire.job_from_json(odd).ranks[0].host == "elsewhere" and "host" not in wire.job_to_json(job)["ranks"][0]
     fp = Fingerprint(seq=3, op="allreduce", time=T0, count=10, dtype="float32", redop="sum")
     recs = [CollectiveSample(time=T0, rank=1, pid=1001, backend="gloo", group="gloo:0", seq=3, completed=2,
                              inside=True, last_enter=T0, last_exit=None, last=fp, recent=(fp,)),
@@ -106,3 +116,30 @@ def test_a_rank_missing_on_another_host_is_named_with_that_host():
                   source="s:1", now=T0 + 5)
     assert [(i.kind, i.ranks, i.hosts) for i in d.incidents] == [("process_exit", (5,), ("b",))]
     assert [r["host"] for r in d.to_json()["job"]["ranks"] if r["rank"] == 5] == ["b"]
+
+
+def test_heartbeat_beats_round_trip_compact_and_read_version_1():
+    beats = [wire.RankBeat(rank=r, pid=4000 + r, state="running", pause=0.0, stall=7.25 if r == 3 else 0.5,
+                           signal="collectives", where="train.py:151 wait_for_buckets (in work.py:20 is_completed)",
+                           stack="0a1b2c3d", seqs=(("gloo:0", 1200 + r), ("gloo:1", 7)), step=0.0512)
+             for r in range(8)]
+    beats[3] = wire.RankBeat(rank=3, pid=4003, state="stopped", pause=9.0, stall=9.0, signal="main thread", dead=True,
+                             where="train.py:78 load_next_batch", stack="ffee0011")
+    body = json.loads(json.dumps(wire.beats_to_json(beats)))
+    assert body["v"] == wire.HB_VERSION and len(body["places"]) == 2  # each distinct place once
+    back = wire.beats_from_json(body)
+    assert [b.rank for b in back] == list(range(8))
+    assert back[3] == beats[3]
+    assert back[0] == beats[0]
+    assert wire.beat_ranks(body) == list(range(8))
+    assert wire.beat_stalls(body)[3] == (3, 9.0, "main thread", True)
+    # bounded: about 50 bytes a rank of JSON with two groups' sequence numbers, tables included
+    assert len(json.dumps(body, separators=(",", ":"))) / 8 < 70
+    many = wire.beats_to_json([wire.RankBeat(rank=0, where="x" * 500, seqs=tuple((f"g{i:02}", i) for i in range(40)))])
+    assert len(many["places"][0][1]) == wire.MAX_WHERE and len(many["groups"]) == wire.MAX_GROUPS
+    assert wire.beats_from_json(many)[0].seqs == tuple((f"g{i:02}", i) for i in range(wire.MAX_GROUPS))
+    # an agent of version 1 sends state and pause only: its pause is the stall, its state says dead
+    old = wire.beats_from_json({"ranks": [{"r": 2, "pid": 9, "s": "stopped", "p": 4.5}, {"r": 5, "s": "sleeping", "p": 1}]})
+    assert [(b.rank, b.stall, b.signal, b.dead) for b in old] == [(2, 4.5, "main thread", True),
+                                                                    (5, 1.0, "main thread", False)]
+    assert wire.beat_ranks({"ranks": [{"r": 2, "s": "sleeping"}]}) == [2]

@@ -13,7 +13,8 @@ import pytest
 from scout_sys import doctor
 from tests._ebpf_jobs import ROOT, ebpf_skip_reason
 
-NAMES = ["privileges", "btf", "kernel headers", "debugfs/tracefs", "uprobes", "bcc", "py-spy", "ptrace", "nvml"]
+NAMES = ["privileges", "btf", "kernel headers", "debugfs/tracefs", "uprobes", "bcc", "py-spy", "ptrace", "nvml",
+         "nccl groups"]
 
 
 def test_one_line_per_check() -> None:

@@ -4,6 +4,7 @@ shells: exact stdin, environment, timeout kill of the whole process group, failu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -355,6 +356,7 @@ def _every_metric_name() -> set[str]:
         ex.on_snapshot(_snapshot((HANG_2,)), 0.01)
         s = _snapshot((HANG_2,))
         s.devices[0].update({"mem_total": 2**34, "temperature_c": 60, "power_w": 300.0, "ecc_uncorrected": 0})
+        s = dataclasses.replace(s, agents=({"node": 0, "host": "h", "state": "up", "ranks": [0], "detail": ""},))
         ex.on_snapshot(s, 0.01)
         return {name for name, _ in _samples(generate_latest(ex.registry).decode())}
     finally:

@@ -137,3 +137,26 @@ def test_diagnose_straggler_healthy_job_names_nobody():
              zip(range(4), (0, 1, 2, 3), strict=True)]
     obs, acts = _window(dict(enumerate(mixed)), dict.fromkeys(range(4), "running"))
     assert straggler.never_waiting(_job(4), obs, acts) == {}
+
+
+def test_socket_writes_shared_by_every_rank_are_no_checkpoint():
+    # write counts include the sockets: every rank sends its share of the collectives' data (a real
+    # Megatron dp=2 x tp=2 job: ~86 KB each in 3 s); only a rank that writes far more than its peers pauses
+    peers = [WAIT, WAIT, _fr("forward", "main"), WAIT, WAIT]
+    ranks = {0: peers, 1: peers[1:] + peers[:1], 2: COMPUTE, 3: peers}
+    states = dict.fromkeys(range(4), "running")
+    obs, acts = _window(ranks, states, wrote=dict.fromkeys(range(4), 86 << 10))
+    assert set(straggler.never_waiting(_job(4), obs, acts)) == {2}
+    obs, acts = _window(ranks, states, wrote={0: 86 << 10, 1: 86 << 10, 2: 10 << 20, 3: 86 << 10})
+    assert straggler.never_waiting(_job(4), obs, acts) == {}
+
+
+def test_peers_found_in_collectives_each_time_progress_when_they_exchange_data():
+    # peers sampled inside their collectives every time look 'waiting'; their socket writes say they move
+    waiting = [WAIT] * 5
+    ranks = {0: waiting, 1: waiting, 2: COMPUTE, 3: waiting}
+    states = {0: "waiting", 1: "waiting", 2: "running", 3: "waiting"}
+    obs, acts = _window(ranks, states, wrote=dict.fromkeys(range(4), 90 << 10))
+    assert set(straggler.never_waiting(_job(4), obs, acts)) == {2}
+    obs, acts = _window(ranks, states, wrote={2: 90 << 10})  # peers silent: not a straggler's peers
+    assert straggler.never_waiting(_job(4), obs, acts) == {}

@@ -169,6 +169,18 @@ def test_resolve_never_names_through_a_group_with_members_elsewhere():
     assert any("wait_for" in e.data for e in incidents[0].evidence)
 
 
+def test_a_chain_ending_at_a_tie_says_where_both_wait():
+    # DTensor dp=2 x tp=2 attached after rank 2 called a broadcast in its tp group: the two members
+    # of {2, 3} are mirror images (each awaited by its dp partner, each waiting for the other)
+    waits = {0: w(0, group=DP02), 1: w(1, group=DP13), 2: w(2, group=TP23, coll="broadcast at t.py:5"),
+             3: w(3, group=TP23, coll="wait_tensor at t.py:6")}
+    g = analyze(waits, GROUPS)
+    texts = [chain_text(g, c, waits) for c in g.chains]
+    assert "rank 0 waits in all_reduce at x.py:1 of group {0, 2} for rank 2, which waits in broadcast at t.py:5, " \
+           "where its group's other waiting members are in another collective (no strict majority)" in texts, texts
+    assert any("for rank 3, which waits in wait_tensor at t.py:6" in t for t in texts), texts
+
+
 # --------------------------------------------------------------------------- pipelines (point-to-point)
 
 

@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+from scout_sys.consensus.peers import LEARNED
 from tests.conftest import JOBS, origins, scout
 from tests.test_watch import watch_cli  # noqa: F401 (fixture)
 
@@ -49,7 +50,7 @@ def test_megatron_dp2_tp2_lock_named_by_the_wait_for_graph(start_job):
     time.sleep(2.0)
     rc, d = _diagnose(job.pid)
     assert rc == 1 and origins(d) == [("hang", "attributed", [2])], d["incidents"]
-    assert "layout" not in d["job"]  # nothing was known about the layout
+    assert d["job"]["layout"].startswith(LEARNED)  # nothing was given: the layout was learned (consensus/peers.py)
     ev = d["incidents"][0]["evidence"]
     graph = next(e["wait_for"] for e in ev if "wait_for" in e)
     edges = {(tuple(e["waiters"]), tuple(e["awaited"]), tuple(e["group"])) for e in graph}

@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--replay-every", type=float, default=None, metavar="SECONDS",
                    help="also run a replay round every so many seconds (sdc: silent data corruption; default: off)")
     _export_options(w)
-    _cluster_options(w)
+    _cluster_options(w, "watch")
 
     sub.add_parser("doctor", help="check eBPF, py-spy, ptrace and NVML prerequisites and say how to fix them")
     _agent_parser(sub)

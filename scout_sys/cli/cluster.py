@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 from scout_sys.cli.common import EXIT_INCIDENT, EXIT_OK, _job_options
 from scout_sys.errors import ScoutError
@@ -23,9 +22,11 @@ Runs until SIGTERM / Ctrl-C (exit 0); exit 2 on a configuration error (bad token
 """
 
 
-def _cluster_options(p: argparse.ArgumentParser) -> None:
+def _cluster_options(p: argparse.ArgumentParser, verb: str = "diagnose") -> None:
     p.add_argument("--cluster", metavar="HOST:PORT", default=None,
-                   help="diagnose the whole job through the agents whose store is at HOST:PORT (docs/cluster.md)")
+                   help=f"{verb} the whole job through the agents whose store is at HOST:PORT (docs/cluster.md)"
+                   + ("; the dashboard groups ranks by host; --interval (at least 1 s), --stall-after, --state-dir "
+                      "and the cluster's tooling apply, the probe options are the agents'" if verb == "watch" else ""))
     p.add_argument("--token-file", metavar="FILE", default=None,
                    help="with --cluster: the file holding the agents' shared token (never pass the token itself)")
 
@@ -103,40 +104,44 @@ def _watch_cluster(args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    from scout_sys.cli.watch import _dashboard, _emitter, _front_ends
     from scout_sys.cluster.client import ClusterClient
+    from scout_sys.cluster.source import ClusterSource
     from scout_sys.cluster.store import parse_addr
-    from scout_sys.cluster.watch import ClusterWatcher
     from scout_sys.cluster.wire import read_token
-    from scout_sys.report import printable
 
     if not args.cluster or not args.token_file or args.job or args.report:
         raise ScoutError("watch --cluster needs HOST:PORT and --token-file FILE, and no --job / --report")
+    if args.interval <= 0 or (args.stall_after is not None and args.stall_after <= 0):
+        raise ScoutError("--interval and --stall-after must be positive")
     addr, token = parse_addr(args.cluster), read_token(args.token_file)
     first = ClusterClient(addr, token)  # a wrong token or no store: exit 2 now, not in the loop
     clients = iter([first])
-    watcher = ClusterWatcher(lambda: next(clients, None) or ClusterClient(addr, token),
-                             stall_after=args.stall_after, interval=max(args.interval, 1.0),
-                             say=lambda t: print(f"scout-sys: {t}", file=sys.stderr, flush=True))
+    args.job_name = args.job_name or args.cluster  # the metrics' job label: the store, not a pid on some host
+    try:
+        dashboard, held, sinks = _front_ends(args)
+    except BaseException:
+        first.close()
+        raise
+    source = ClusterSource(lambda: next(clients, None) or ClusterClient(addr, token), store=args.cluster,
+                           state_dir=args.state_dir, stall_after=args.stall_after, interval=max(args.interval, 1.0),
+                           say=held.append if dashboard else lambda t: print(f"scout-sys: {t}", file=sys.stderr,
+                                                                               flush=True))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    if not args.json:
-        print(f"watching the job through {first.nnodes} agents at {args.cluster} (events only: no dashboard for "
-              "--cluster yet); Ctrl-C to stop", flush=True)
-
-    def emit(e) -> None:  # noqa: ANN001 - an incident Event or an AgentEvent
-        if args.json:
-            print(json.dumps(e.to_json()), flush=True)
-        elif hasattr(e, "incident"):
-            inc = e.incident
-            ranks = f" rank{'s' if len(inc.ranks) > 1 else ''} {','.join(map(str, inc.ranks))}" if inc.ranks else ""
-            print(printable(f"{time.strftime('%H:%M:%S', time.localtime(e.time))} "
-                            f"{e.event.removeprefix('incident_').upper()} {inc.id} {inc.kind} ({inc.status}){ranks}"
-                            f"{' on ' + ','.join(inc.hosts) if inc.ranks else ''}: {inc.summary}"), flush=True)
-        else:
-            print(printable(f"{time.strftime('%H:%M:%S', time.localtime(e.time))} {e.event.upper()} node {e.node} "
-                            f"({e.host}) ranks {','.join(map(str, e.ranks))} {e.detail}"), flush=True)
-
     try:
-        return watcher.run(emit, stop)
-    except KeyboardInterrupt:
-        return 1 if watcher.book.ever_opened else 0
+        sinks.attach(source)
+        if dashboard and (rc := _dashboard(source, stop)) is not None:
+            return rc
+        if not args.json:
+            print(f"watching the job through {first.nnodes} agents at {args.cluster}; Ctrl-C to stop", flush=True)
+        try:
+            return source.run(_emitter(args, hosts=True), stop)
+        except KeyboardInterrupt:
+            return 1 if source.ever_opened else 0
+    finally:
+        source.close()
+        first.close()  # when no poll took it
+        sinks.close()
+        for m in held:
+            print(m if m.startswith("scout-sys") else f"scout-sys: {m}", file=sys.stderr)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -21,10 +23,12 @@ examples:
   sudo scout-sys watch --job 12345 --headless --json     # one JSON object per line
   sudo scout-sys watch --job 12345 --stall-after 30      # a job with long, legitimate pauses
   scout-sys watch --report incident.json                 # reopen a saved report in the dashboard
-  scout-sys watch --cluster node0:29450 --token-file T --json   # the whole job through its agents (docs/cluster.md)
+  scout-sys watch --cluster node0:29450 --token-file T   # every host's ranks through their agents (docs/cluster.md)
+  scout-sys watch --cluster node0:29450 --token-file T --headless --json --prometheus 9464
 
 events (--json): {"event": "incident_opened" | "incident_updated" | "incident_closed",
                   "time": <unix s>, "incident": {...same object as diagnose...}, "bundle": <path>}
+  with --cluster also {"event": "agent_lost" | "agent_back", "time", "node", "host", "ranks", "detail"}
 exit status: 0 the job ended without incidents, 1 incidents were opened, 2 could not watch.
 SIGINT / SIGTERM stop the watch cleanly (probes detached).
 """
@@ -47,7 +51,7 @@ def _export_options(w: argparse.ArgumentParser) -> None:
     g = w.add_argument_group("the cluster's tooling")
     g.add_argument("--prometheus", metavar="[ADDR:]PORT",
                    help="serve Prometheus metrics on http://ADDR:PORT/metrics (ADDR default: all interfaces)")
-    g.add_argument("--job-name", metavar="NAME", help="the metrics' job label (default: the launcher's pid)")
+    g.add_argument("--job-name", metavar="NAME", help="the metrics' job label (default: the launcher's pid; with --cluster the store's HOST:PORT)")
     g.add_argument("--on-incident", metavar="CMD",
                    help="run CMD (through sh) on every incident_opened, the event JSON on its stdin")
     g.add_argument("--on-incident-all", action="store_true", help="also on incident_updated and incident_closed")
@@ -65,8 +69,6 @@ def _export_options(w: argparse.ArgumentParser) -> None:
 
 def _export_sinks(args: argparse.Namespace, say: Callable[[str], None]) -> Any:  # exporters.Sinks
     """The sinks the options ask for, started; bad values raise ScoutError before the watch starts."""
-    import signal
-
     from scout_sys import files
     from scout_sys.exporters import Sinks
 
@@ -96,12 +98,56 @@ def _export_sinks(args: argparse.Namespace, say: Callable[[str], None]) -> Any: 
     return Sinks(sinks, say)
 
 
-def _watch(args: argparse.Namespace) -> int:
-    import signal
-    import threading
+def _front_ends(args: argparse.Namespace) -> tuple[bool, deque[str], Any]:
+    """Dashboard or lines, and the sinks the options ask for (started). While the dashboard owns the
+    terminal, the sinks' messages wait in the deque until it closes."""
+    dashboard = not args.headless and not args.json and sys.stdout.isatty()
+    held: deque[str] = deque(maxlen=50)
+    sinks = _export_sinks(args, held.append if dashboard else lambda m: print(m, file=sys.stderr, flush=True))
+    return dashboard, held, sinks
 
-    from scout_sys.model import Event, Job
+
+def _dashboard(source: Any, stop: threading.Event) -> int | None:
+    """The dashboard over a started source until ``q``; None when textual is not installed."""
+    try:
+        from scout_sys.tui.app import run_dashboard
+    except ImportError:
+        return None
+    try:
+        return run_dashboard(source)
+    finally:  # the dashboard's loop restored the default handler; keep close() reachable
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+
+def _emitter(args: argparse.Namespace, *, hosts: bool = False) -> Callable[[Any], None]:
+    """Print each event: one JSON object per line (--json), else one line for people (``hosts``: with
+    the culprit's host, for a job on many hosts). Agent events (watch --cluster) too."""
     from scout_sys.report import printable
+    from scout_sys.text import agent_event
+
+    def emit(e: Any) -> None:
+        if args.json:
+            print(json.dumps(e.to_json()), flush=True)
+            return
+        stamp = time.strftime("%H:%M:%S", time.localtime(e.time))
+        inc = getattr(e, "incident", None)
+        if inc is None:
+            print(printable(f"{stamp} {e.event.upper()} {agent_event(e)}"), flush=True)
+            return
+        line = f"{stamp} {e.event.removeprefix('incident_').upper()} {inc.id} {inc.kind} ({inc.status})"
+        if inc.ranks:
+            line += f" rank{'s' if len(inc.ranks) > 1 else ''} {','.join(map(str, inc.ranks))}"
+            if hosts and inc.hosts:
+                line += f" on {','.join(inc.hosts)}"
+        print(printable(f"{line}: {inc.summary}"), flush=True)
+        if e.bundle:
+            print(printable(f"  evidence saved to {e.bundle}"), flush=True)
+
+    return emit
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from scout_sys.model import Job
     from scout_sys.watch import Watcher
 
     if args.interval <= 0 or any(v is not None and v <= 0 for v in (args.stall_after, args.wait_ranks,
@@ -114,9 +160,7 @@ def _watch(args: argparse.Namespace) -> int:
         from scout_sys.tui.source import ReportSource
 
         return run_dashboard(ReportSource(args.report))
-    dashboard = not args.headless and not args.json and sys.stdout.isatty()
-    held: deque[str] = deque(maxlen=50)  # the dashboard owns the terminal: sinks' messages wait till it closes
-    sinks = _export_sinks(args, held.append if dashboard else lambda m: print(m, file=sys.stderr, flush=True))
+    dashboard, held, sinks = _front_ends(args)
     watcher = Watcher(args.job, interval=args.interval, stall_after=args.stall_after, state_dir=args.state_dir,
                       ebpf=args.ebpf, topology=args.topology, wait_ranks=args.wait_ranks, replay=args.replay,
                       replay_every=args.replay_every)
@@ -125,32 +169,10 @@ def _watch(args: argparse.Namespace) -> int:
     try:
         watcher.start()
         sinks.attach(watcher)
-        if dashboard:
-            try:
-                from scout_sys.tui.app import run_dashboard
-            except ImportError:
-                run_dashboard = None
-            if run_dashboard is not None:
-                try:
-                    rc = run_dashboard(watcher)
-                finally:  # the dashboard's loop restored the default handler; keep close() reachable
-                    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-                # the terminal is back: give the prompt back too, and detach the probes behind it
-                watcher.close(background=True)
-                return rc
-
-        def emit(e: Event) -> None:
-            if args.json:
-                print(json.dumps(e.to_json()), flush=True)
-                return
-            inc = e.incident
-            word = e.event.removeprefix("incident_").upper()
-            line = f"{time.strftime('%H:%M:%S', time.localtime(e.time))} {word} {inc.id} {inc.kind} ({inc.status})"
-            if inc.ranks:
-                line += f" rank{'s' if len(inc.ranks) > 1 else ''} {','.join(map(str, inc.ranks))}"
-            print(printable(f"{line}: {inc.summary}"), flush=True)
-            if e.bundle:
-                print(printable(f"  evidence saved to {e.bundle}"), flush=True)
+        if dashboard and (rc := _dashboard(watcher, stop)) is not None:
+            # the terminal is back: give the prompt back too, and detach the probes behind it
+            watcher.close(background=True)
+            return rc
 
         def on_job(job: Job) -> None:
             if not args.json:
@@ -160,7 +182,7 @@ def _watch(args: argparse.Namespace) -> int:
         if watcher.job is None:
             print(f"scout-sys: {watcher.waiting}", file=sys.stderr, flush=True)
         try:
-            rc = watcher.run(emit, stop, on_job=on_job)
+            rc = watcher.run(_emitter(args), stop, on_job=on_job)
         except KeyboardInterrupt:
             rc = 1 if watcher.ever_opened else 0
         if not args.json:

@@ -3,8 +3,11 @@
 Node rank 0 hosts the store and writes the run record (a random nonce, sealed with the token). Every
 agent then, each poll:
 
-- publishes a heartbeat: a sealed key with its time, its host name and one compact entry per rank
-  (global rank, pid, process state, main-thread pause) — bytes per rank, not stacks;
+- samples its ranks as ``watch`` does each poll (cluster/beat.py: /proc, eBPF, a rotating stack
+  sample, the same progress signals) and publishes a heartbeat: a sealed key with its time, its host
+  name and one compact entry per rank (wire.RankBeat: state, main-thread pause, seconds since last
+  seen progressing and by which signal, place and stack hash, collective sequence numbers, step
+  time) — bytes per rank, not stacks;
 - looks for window requests (``diagnose --cluster``): it samples its ranks for the window with the
   same Monitor as ``diagnose`` and publishes their activities (``consensus.hang.Activity``: state,
   place, collective, the main stack) and the records other hosts need (:func:`wire.shareable`).
@@ -24,6 +27,7 @@ from dataclasses import replace
 from typing import Any
 
 from scout_sys.cluster import wire
+from scout_sys.cluster.beat import LocalWatch
 from scout_sys.cluster.store import Store
 from scout_sys.errors import BadToken, ScoutError, StoreUnreachable
 from scout_sys.model import Job, ProcSample
@@ -70,6 +74,7 @@ class Agent:
         self._procs: list[ProcSample] | None = None  # the last heartbeat's /proc samples
         self._gap: dict[int, float] = {}  # request id -> when we first found it counted but not written
         self._last_find = -FIND_EVERY
+        self.local = LocalWatch(HEARTBEAT_EVERY)
 
     # ------------------------------------------------------------------ store and run record
     def _connect(self) -> None:
@@ -148,6 +153,7 @@ class Agent:
         if self.monitor is not None:
             self.monitor.close()
         self.job, self.job_error = job, None
+        self.local.forget()
         self.monitor = Monitor(job, extra_probes=default_probes(self.ebpf))
         self.monitor.start()
         self.say(f"watching {len(job.ranks)} ranks ({', '.join(str(r.rank) for r in job.ranks)}) of "
@@ -190,19 +196,20 @@ class Agent:
         assert self.store is not None and self.nonce is not None
         self._last_hb = now
         self._seq += 1
-        body = {"node": self.node, "host": self.name, "time": now, "seq": self._seq, "ranks": self._beats(now),
+        body = {"node": self.node, "host": self.name, "time": now, "seq": self._seq, **self._beats(now),
                 "world_size": self.job.world_size if self.job else None, "error": self.job_error,
-                "forged": self._forged, "busy_for": busy_for}
+                "forged": self._forged, "busy_for": busy_for,
+                "missing": list(self.job.missing) if self.job else [],
+                "settling": bool(self.monitor is not None and self.monitor.settling)}
         self.store.set(wire.hb_key(self.node), wire.seal(self.token, wire.hb_key(self.node), self.nonce, body))
 
-    def _beats(self, now: float) -> list[dict[str, Any]]:
-        """One compact entry per rank from /proc: global rank, pid, state, main-thread pause (s)."""
+    def _beats(self, now: float) -> dict[str, Any]:
+        """The heartbeat's per-rank part (wire.beats_to_json): one cheap sample of the ranks, as a poll
+        of ``watch`` takes it, and what it says of each rank."""
         if self.monitor is None:
-            return []
-        self._procs = self.monitor.procfs.sample()
-        return [{"r": p.rank, "pid": p.pid, "s": p.status,
-                 "p": round(0.0 if p.status == "running" or p.main_last_ran is None else max(0.0, now - p.main_last_ran),
-                            2)} for p in self._procs]
+            return wire.beats_to_json(())
+        self._procs = self.local.sample(self.monitor, now)
+        return wire.beats_to_json(self.local.beats(self._procs, now))
 
     def _serve(self) -> None:
         """Answer the window requests that arrived since the last poll (one window answers all)."""
@@ -250,6 +257,7 @@ class Agent:
         t0 = self.clock()
         obs = self.monitor.collect(window)
         t1 = self.clock()
+        self.local.window(obs, t1)
         try:
             _check_stack_permission(obs)
         except ScoutError as e:
@@ -259,7 +267,7 @@ class Agent:
                   for k, v in self.monitor.probe_status.items()}
         return {**base, "window": [t0, t1], "job": wire.job_to_json(self.job),
                 "acts": wire.activities_to_json(acts.values()),
-                "records": [wire.record_to_json(o) for o in wire.shareable(obs)], "probes": probes}
+                "records": [wire.record_to_json(o) for o in wire.shareable(self.local.records())], "probes": probes}
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop: threading.Event) -> int:

@@ -1,14 +1,18 @@
 """``watch --cluster``: the whole job live, as a stream of events.
 
-The steady path reads only the agents' heartbeats (a few bytes per rank, no waiting on anyone). A
-hang is *suspected* when a strict majority of the observed ranks' main threads has not run for
-``stall_after`` seconds, or a rank is stopped or gone; it is *confirmed* by a short window from every
-agent and the same whole-job consensus as ``diagnose --cluster``. While a hang stays open it is
-confirmed again every few seconds; it closes after two confirmations without it. ``stall_after``
-adapts as in ``watch``: four times the longest pause the majority made while healthy, at least 5 s.
+The steady path reads only the agents' heartbeats (a few bytes per rank, no waiting on anyone).
+Each agent runs the single-host watch's progress part on its ranks and sends, per rank, how long it
+has gone without progress and by which signal (collective sequence numbers, the main thread of a
+rank inside a collective, or the stack staying at one place: cluster/beat.py). From there the rule
+is ``watch``'s own, not a copy: the strict majority's stall (watch.progress.majority_of, over the
+ranks of the agents that report) goes to a :class:`~scout_sys.watch.hang.HangWatch`, which suspects
+at stall-after (adaptive as on one host) or on a stopped, gone or missing rank, backs off after a
+window that found nothing and reconfirms an open hang. A confirmation is a short window from every
+agent and the same whole-job consensus as ``diagnose --cluster``. So the GPU shape (every rank
+running, no collective frame) is suspected across hosts exactly as on one host.
 
 Agents that stop reporting, and come back, are events of their own (``agent_lost`` /
-``agent_back``): the monitor's faults, never the job's.
+``agent_back``): the monitor's faults, never the job's. Their ranks are left out of the majority.
 """
 
 from __future__ import annotations
@@ -19,13 +23,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from scout_sys.cluster.client import gc_paused
+from scout_sys.cluster.wire import RankBeat, beat_ranks, beat_stalls, beats_from_json
 from scout_sys.errors import BadToken, ScoutError, StoreUnreachable
 from scout_sys.model import Diagnosis, Event
+from scout_sys.watch import HANG_KINDS
+from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch, with_trigger
 from scout_sys.watch.incidents import IncidentBook
+from scout_sys.watch.progress import majority_of
 
-MIN_STALL_AFTER = 5.0
-CONFIRM_WINDOW = 1.0
-RECONFIRM_EVERY = 5.0
 LOST_AFTER = 5.0  # seconds without a new heartbeat: the agent is lost
 RETRY_EVERY = 2.0
 
@@ -49,6 +55,17 @@ class AgentEvent:
                 "ranks": list(self.ranks), "detail": self.detail}
 
 
+@dataclass(frozen=True)
+class Seen:
+    """A rank as the watch last saw it: its agent (node, host), its beat, and how long ago that
+    beat arrived (by this watch's clock: hosts' clocks are never compared)."""
+
+    node: int
+    host: str
+    beat: RankBeat
+    age: float
+
+
 class ClusterWatcher:
     def __init__(self, connect: Callable[[], Client], *, stall_after: float | None = None, interval: float = 1.0,
                  clock: Callable[[], float] = time.time, say: Callable[[str], None] = lambda _t: None) -> None:
@@ -56,23 +73,33 @@ class ClusterWatcher:
         self.connect, self.clock, self.interval, self.say = connect, clock, interval, say
         self.client: Client | None = None
         self._unreachable = False
-        self.fixed_stall_after = stall_after
+        self.hang = HangWatch(stall_after)
         self.book = IncidentBook()
         self.last: Diagnosis | None = None
         self.cluster: dict[str, Any] = {}
-        self._healthy_pause = 0.0
-        self._pause = 0.0
-        self._last_confirm = 0.0
+        self._seen: list[tuple[int, dict[str, Any], float]] = []  # (node, heartbeat, age) of agents not lost
+        self._ranks: dict[int, Seen] | None = None
         self._beats: dict[int, tuple[int, float]] = {}  # node -> (seq, when we saw it change)
         self._lost: set[int] = set()
 
     @property
     def stall_after(self) -> float:
-        if self.fixed_stall_after is not None:
-            return self.fixed_stall_after
-        return max(MIN_STALL_AFTER, 4.0 * self._healthy_pause)
+        return self.hang.stall_after
+
+    @property
+    def ranks(self) -> dict[int, Seen]:
+        """The observed ranks (of agents not lost) as the last heartbeats describe them (built when
+        asked: a poll reads only what the suspicion needs)."""
+        if self._ranks is None:
+            self._ranks = {b.rank: Seen(node, str(hb.get("host", "?")), b, age)
+                           for node, hb, age in self._seen for b in beats_from_json(hb)}
+        return self._ranks
 
     def poll(self) -> list[Event | AgentEvent]:
+        with gc_paused():  # thousands of heartbeats' small objects: see client.gc_paused
+            return self._poll()
+
+    def _poll(self) -> list[Event | AgentEvent]:
         if self.client is None:
             self.client = self.connect()
             if self._unreachable:
@@ -82,30 +109,44 @@ class ClusterWatcher:
         now = self.clock()
         beats = client.heartbeats()
         events: list[Event | AgentEvent] = list(self._agents(beats, now))
-        ranks = [r for node, (hb, _) in beats.items() if hb and node not in self._lost for r in hb.get("ranks", ())]
-        pauses = sorted(float(r.get("p", 0.0)) for r in ranks)
-        k = len(pauses) // 2 + 1
-        pause = pauses[-k] if pauses else 0.0
-        decisive = any(r.get("s") in ("stopped", "tracing-stop", "zombie", "gone", "disk-sleep") for r in ranks)
-        suspect = bool(pauses) and (pause >= self.stall_after or decisive)
-        if not suspect and pause < self._pause and not self.book.open:
-            self._healthy_pause = max(self._healthy_pause, self._pause)  # the majority ran again: learn it
-        self._pause = pause
-        since = now - self._last_confirm
-        # while a hang is open, progress in the heartbeats brings the next confirmation forward
-        if (suspect and not self.book.open and since >= RECONFIRM_EVERY) or (self.book.open and since >= (CONFIRM_WINDOW if not suspect
-                                                                              else RECONFIRM_EVERY)):
-            self._last_confirm = now
+        self._seen, missing, settling, dead = [], False, False, False
+        stalls: list[tuple[float, str]] = []
+        n = 0
+        for node, (hb, _) in beats.items():
+            if hb is None or node in self._lost:
+                continue
+            age = max(0.0, now - self._beats[node][1])
+            self._seen.append((node, hb, age))
+            # a rank's stall goes on while its beat gets older (it has not been seen progressing since),
+            # except during a window its agent announced (busy_for): that window's stacks feed its next beat
+            older = max(0.0, age - float(hb.get("busy_for") or 0.0))
+            for _rank, s, signal, gone in beat_stalls(hb):
+                stalls.append((s + older, signal))
+                dead |= gone
+            missing |= bool(hb.get("missing"))
+            settling |= bool(hb.get("settling"))
+            n += len(hb.get("missing") or ())
+        self._ranks = None
+        stall, signal = majority_of(stalls, n + len(stalls))
+        hang_open = bool(self.book.of_kinds(HANG_KINDS))
+        learning = not (missing or settling or self._lost) and all(hb for hb, _ in beats.values())
+        d = self.hang.decide(now, stall, signal, decisive=missing or dead,
+                             hang_open=hang_open, learning=learning)
+        if d.confirm:
             self.last, self.cluster = client.diagnose(CONFIRM_WINDOW)
+            found = list(self.last.incidents)
+            self.hang.confirmed(now, found=any(i.kind in HANG_KINDS for i in found), stall=stall)
+            if d.suspect and not hang_open:
+                found = with_trigger(found, d, self.stall_after)
             unobserved = frozenset(u["rank"] for u in self.cluster.get("not_observed", ()))
-            events += self.book.reconcile(list(self.last.incidents), self.clock(), None, unobserved=unobserved)
+            events += self.book.reconcile(found, self.clock(), None, unobserved=unobserved)
         return events
 
     def _agents(self, beats: dict[int, tuple[dict[str, Any] | None, str]], now: float) -> list[AgentEvent]:
         out = []
         for node, (hb, problem) in sorted(beats.items()):
             host = (hb or {}).get("host", "?")
-            ranks = tuple(int(r["r"]) for r in (hb or {}).get("ranks", ()))
+            ranks = tuple(beat_ranks(hb or {}))
             seq = int(hb["seq"]) if hb else -1
             old = self._beats.get(node)
             if old is None or seq != old[0]:

@@ -17,7 +17,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, fields, replace
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
 from scout_sys.consensus.hang import Activity
@@ -34,11 +34,17 @@ from scout_sys.model import (
     Rank,
     SignalRecord,
 )
+from scout_sys.watch.progress import COLLECTIVES, MAIN_THREAD, STACK
 
 PROTO = "scout-sys/cluster/v1"
 PREFIX = "scout-sys/v1/"
 RUN = PREFIX + "run"  # the leader's run record: nonce, nnodes
 REQS = PREFIX + "reqs"  # counter of window requests (store.add)
+
+
+HB_VERSION = 2  # heartbeat body: 1 = state and pause per rank; 2 adds progress, place, collectives, step time
+MAX_WHERE = 80  # characters of a place's text
+MAX_GROUPS = 8  # process groups whose sequence numbers a rank's beat carries
 
 
 def hb_key(node: int) -> str:
@@ -127,20 +133,57 @@ def activity_to_json(a: Activity) -> dict[str, Any]:
     return out
 
 
-def activity_from_json(d: Mapping[str, Any]) -> Activity:
-    kw = {k: v for k, v in d.items() if k in _ACTIVITY_NAMES}
+_ACTIVITY_DEFAULTS = {name: default for name, default in _ACTIVITY_FIELDS if default is not MISSING}
+_RANK_FIELDS = tuple((f.name, f.default) for f in fields(Rank))
+_RANK_NAMES = frozenset(name for name, _ in _RANK_FIELDS)
+_RANK_DEFAULTS = {name: default for name, default in _RANK_FIELDS if default is not MISSING}
+
+
+def _built(cls: type, defaults: Mapping[str, Any], kw: Mapping[str, Any]) -> Any:
+    """An instance of the frozen dataclass ``cls`` (no ``__post_init__``) from decoded fields, every
+    required one present. Built without its ``__init__`` (a guarded ``object.__setattr__`` per field),
+    which was most of the cost of decoding 64k ranks' answers; the result is the same value."""
+    a = object.__new__(cls)
+    a.__dict__.update(defaults)
+    a.__dict__.update(kw)
+    return a
+
+
+def _activity(kw: dict[str, Any]) -> Activity:
+    return _built(Activity, _ACTIVITY_DEFAULTS, kw)
+
+
+def _wait(w: Mapping[str, Any], cache: dict[tuple, CollectiveWait]) -> CollectiveWait:
+    key = tuple(sorted(w.items()))
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = CollectiveWait(**w)
+    return found
+
+
+def activity_from_json(d: Mapping[str, Any], cache: dict[tuple, CollectiveWait] | None = None) -> Activity:
+    kw = dict(d) if d.keys() <= _ACTIVITY_NAMES else {k: v for k, v in d.items() if k in _ACTIVITY_NAMES}
     if kw.get("wait") is not None:
-        kw["wait"] = CollectiveWait(**kw["wait"])
-    kw["location"] = tuple(tuple(x) for x in kw.get("location", ()))
-    kw["stack"] = tuple(kw.get("stack", ()))
+        kw["wait"] = _wait(kw["wait"], {} if cache is None else cache)
+    if "location" in kw:
+        kw["location"] = tuple(tuple(x) for x in kw["location"])
+    if "stack" in kw:
+        kw["stack"] = tuple(kw["stack"])
     kw["rank"] = int(kw["rank"])
-    return Activity(**kw)
+    kw.setdefault("pid", None)
+    kw.setdefault("state", "unknown")
+    return _activity(kw)
+
+
+_TABLED = {"stack": "stacks", "location": "locations", "where": "wheres", "wait": "waits"}
 
 
 def activities_to_json(acts: Iterable[Activity]) -> dict[str, Any]:
-    """Many ranks' activities with each distinct stack and location sent once (ranks of a job share
-    a few): ``{"stacks": [...], "locations": [...], "acts": [{..., "stack": i, "location": j}]}``."""
-    tables: dict[str, dict[tuple, int]] = {"stack": {}, "location": {}}
+    """Many ranks' activities with each distinct stack, location, place and collective wait sent once
+    (ranks of a job share a few): ``{"stacks": [...], "locations": [...], "wheres": [...], "waits":
+    [...], "acts": [{..., "stack": i, "location": j, "where": k, "wait": l}]}``. About 110 bytes a rank
+    of JSON beyond the tables, which is what a client at 64k ranks parses."""
+    tables: dict[str, dict[Any, int]] = {name: {} for name in _TABLED}
     out = []
     for a in acts:
         d = activity_to_json(a)
@@ -149,18 +192,36 @@ def activities_to_json(acts: Iterable[Activity]) -> dict[str, Any]:
                 d[name] = table.setdefault(getattr(a, name), len(table))
         out.append(d)
     return {"stacks": [list(t) for t in tables["stack"]], "locations": [[list(x) for x in t] for t in tables["location"]],
-            "acts": out}
+            "wheres": list(tables["where"]), "waits": [activity_to_json(Activity(0, None, "", wait=w))["wait"]
+                                                       for w in tables["wait"]], "acts": out}
 
 
 def activities_from_json(d: Mapping[str, Any]) -> dict[int, Activity]:
+    """Read :func:`activities_to_json`'s form; also the earlier one, whose ``where`` and ``wait`` are
+    given in full for each rank."""
     stacks = [tuple(t) for t in d.get("stacks", ())]
     locations = [tuple(tuple(x) for x in t) for t in d.get("locations", ())]
+    wheres = [str(w) for w in d.get("wheres", ())]
+    waits: dict[tuple, CollectiveWait] = {}  # ranks waiting in one collective share its decoded wait
+    wait_table = [_wait(w, waits) for w in d.get("waits", ())]
     out = {}
     for x in d.get("acts", ()):
-        a = activity_from_json({k: v for k, v in x.items() if k not in ("stack", "location")})
-        if "stack" in x or "location" in x:
-            a = replace(a, stack=stacks[x["stack"]] if "stack" in x else (),
-                        location=locations[x["location"]] if "location" in x else ())
+        kw = dict(x) if x.keys() <= _ACTIVITY_NAMES else {k: v for k, v in x.items() if k in _ACTIVITY_NAMES}
+        if "stack" in kw:
+            kw["stack"] = stacks[kw["stack"]]
+        if "location" in kw:
+            kw["location"] = locations[kw["location"]]
+        if isinstance(kw.get("where"), int):
+            kw["where"] = wheres[kw["where"]]
+        w = kw.get("wait")
+        if isinstance(w, int):
+            kw["wait"] = wait_table[w]
+        elif w is not None:
+            kw["wait"] = _wait(w, waits)
+        kw["rank"] = int(kw["rank"])
+        kw.setdefault("pid", None)
+        kw.setdefault("state", "unknown")
+        a = _activity(kw)
         out[a.rank] = a
     return out
 
@@ -205,18 +266,136 @@ def shareable(obs: Iterable[Observation]) -> list[Observation]:
 
 
 def job_to_json(job: Job) -> dict[str, Any]:
-    names = [f.name for f in fields(Rank)]
-    return {"ranks": [{**{n: getattr(r, n) for n in names}, "coords": [list(c) for c in r.coords]} for r in job.ranks],
-            "world_size": job.world_size, "launcher": job.launcher, "launcher_pid": job.launcher_pid,
+    """The job as one agent found it. A rank's fields at their default, and its host when it is the
+    job's, are left out."""
+    ranks = []
+    for r in job.ranks:
+        d: dict[str, Any] = {}
+        for name, default in _RANK_FIELDS:
+            v = getattr(r, name)
+            if v == default or (name == "host" and v == job.host):
+                continue
+            d[name] = [list(c) for c in v] if name == "coords" else v
+        ranks.append(d)
+    return {"ranks": ranks, "world_size": job.world_size, "launcher": job.launcher, "launcher_pid": job.launcher_pid,
             "host": job.host, "missing": list(job.missing), "peer_groups": [list(g) for g in job.peer_groups],
             "layout": job.layout, "notes": list(job.notes)}
 
 
 def job_from_json(d: Mapping[str, Any]) -> Job:
-    ranks = tuple(Rank(**{**r, "coords": tuple((str(k), int(v)) for k, v in r.get("coords", ()))})
-                  for r in d.get("ranks", ()))
-    return Job(ranks=ranks, world_size=int(d.get("world_size", len(ranks))), launcher=str(d.get("launcher", "?")),
-               launcher_pid=d.get("launcher_pid"), host=str(d.get("host", "")),
+    host = str(d.get("host", ""))
+    ranks = []
+    for r in d.get("ranks", ()):
+        kw = {"host": host, **{k: v for k, v in r.items() if k in _RANK_NAMES}}
+        kw["rank"], kw["pid"] = int(kw["rank"]), int(kw["pid"])
+        if "coords" in kw:
+            kw["coords"] = tuple((str(k), int(v)) for k, v in kw["coords"])
+        ranks.append(_built(Rank, _RANK_DEFAULTS, kw))
+    return Job(ranks=tuple(ranks), world_size=int(d.get("world_size", len(ranks))), launcher=str(d.get("launcher", "?")),
+               launcher_pid=d.get("launcher_pid"), host=host,
                missing=tuple(int(m) for m in d.get("missing", ())),
                peer_groups=tuple(tuple(int(x) for x in g) for g in d.get("peer_groups", ())),
                layout=str(d.get("layout", "")), notes=tuple(d.get("notes", ())))
+
+
+# --------------------------------------------------------------------------- heartbeats
+
+_SIGNALS = {COLLECTIVES: "c", MAIN_THREAD: "m", STACK: "s"}
+_SIGNAL_OF = {v: k for k, v in _SIGNALS.items()}
+_DEAD_V1 = frozenset({"stopped", "tracing-stop", "zombie", "gone"})
+
+
+@dataclass(frozen=True, slots=True)
+class RankBeat:
+    """One rank in a heartbeat: a few values, no stacks.
+
+    ``stall``: seconds since the rank was last seen progressing by ``signal``, the best one its
+    agent's watch has (watch/progress.py: collective sequence numbers, else the main thread for a
+    rank inside a collective, else the stack staying at one place); ``dead``: stopped or gone (not
+    a py-spy read's pause); ``where`` and ``stack``: the place and a short hash of the rank's latest
+    stack sample; ``seqs``: its collective sequence number per process group (eBPF); ``step``: the
+    median seconds between its collectives over the last few seconds (eBPF)."""
+
+    rank: int
+    pid: int | None = None
+    state: str = "?"
+    pause: float = 0.0
+    stall: float = 0.0
+    signal: str = MAIN_THREAD
+    dead: bool = False
+    where: str = ""
+    stack: str = ""
+    seqs: tuple[tuple[str, int], ...] = ()
+    step: float | None = None
+
+
+# A version-2 row, one per rank: [rank, pid, state (index into "states"), stall, signal ("c"|"m"|"s"),
+# dead (0|1), place (index into "places", -1 none), seqs (one per "groups" entry, null where the rank
+# has none; [] none at all), step (null: unknown), pause]
+_ROW = ("rank", "pid", "state", "stall", "signal", "dead", "place", "seqs", "step", "pause")
+
+
+def beats_to_json(beats: Iterable[RankBeat]) -> dict[str, Any]:
+    """The heartbeat's per-rank part, version 2: ``{"v": 2, "states": [...], "places": [[hash, where],
+    ...], "groups": [...], "rows": [[...], ...]}`` — a positional row per rank (:data:`_ROW`), each
+    distinct state, place and process group once. About 50 bytes a rank (version 1 readers see no
+    ``ranks``: no rank, rather than a wrong one)."""
+    beats = list(beats)
+    states: dict[str, int] = {}
+    places: dict[tuple[str, str], int] = {}
+    groups = sorted({g for b in beats for g, _ in b.seqs})[:MAX_GROUPS]
+    col = {g: i for i, g in enumerate(groups)}
+    rows = []
+    for b in beats:
+        seqs: list[int | None] = []
+        if b.seqs:
+            seqs = [None] * len(groups)
+            for g, n in b.seqs:
+                if g in col:
+                    seqs[col[g]] = n
+        rows.append([b.rank, b.pid, states.setdefault(b.state, len(states)), round(b.stall, 1),
+                     _SIGNALS.get(b.signal, "m"), int(b.dead),
+                     places.setdefault((b.stack, b.where[:MAX_WHERE]), len(places)) if b.where or b.stack else -1,
+                     seqs, None if b.step is None else round(b.step, 4), round(b.pause, 1)])
+    return {"v": HB_VERSION, "states": list(states), "places": [list(p) for p in places], "groups": groups,
+            "rows": rows}
+
+
+def beat_ranks(hb: Mapping[str, Any]) -> list[int]:
+    """The global ranks a heartbeat (version 1 or 2) reports."""
+    if "rows" in hb:
+        return [int(row[0]) for row in hb["rows"]]
+    return [int(d["r"]) for d in hb.get("ranks", ())]
+
+
+def beat_stalls(hb: Mapping[str, Any]) -> list[tuple[int, float, str, bool]]:
+    """(rank, stall, signal, dead) per rank: what the suspicion reads, without building a RankBeat
+    for each of 64k ranks every poll."""
+    if "rows" in hb:
+        return [(int(row[0]), float(row[3]), _SIGNAL_OF.get(row[4], MAIN_THREAD), bool(row[5])) for row in hb["rows"]]
+    return [(b.rank, b.stall, b.signal, b.dead) for b in beats_from_json(hb)]
+
+
+def beats_from_json(hb: Mapping[str, Any]) -> list[RankBeat]:
+    """The ranks of a heartbeat body (version 1 or 2). A version-1 beat knows only state and the main
+    thread's pause: its pause is its stall."""
+    if "rows" not in hb:
+        return [RankBeat(rank=int(d["r"]), pid=d.get("pid"), state=str(d.get("s", "?")), pause=float(d.get("p", 0.0)),
+                         stall=float(d.get("p", 0.0)), dead=str(d.get("s")) in _DEAD_V1) for d in hb.get("ranks", ())]
+    states = [str(x) for x in hb.get("states", ())]
+    places = [(str(h), str(w)) for h, w in hb.get("places", ())]
+    groups = [str(g) for g in hb.get("groups", ())]
+    out = []
+    for row in hb["rows"]:
+        d = dict(zip(_ROW, row, strict=False))
+        place = d.get("place", -1)
+        stack, where = places[place] if isinstance(place, int) and 0 <= place < len(places) else ("", "")
+        state = d.get("state")
+        out.append(RankBeat(
+            rank=int(d["rank"]), pid=d.get("pid"),
+            state=states[state] if isinstance(state, int) and 0 <= state < len(states) else "?",
+            pause=float(d.get("pause") or 0.0), stall=float(d.get("stall") or 0.0),
+            signal=_SIGNAL_OF.get(d.get("signal"), MAIN_THREAD), dead=bool(d.get("dead")), where=where, stack=stack,
+            seqs=tuple((g, int(n)) for g, n in zip(groups, d.get("seqs") or (), strict=False) if n is not None),
+            step=float(d["step"]) if d.get("step") is not None else None))
+    return out

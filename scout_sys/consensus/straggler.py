@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scout_sys.consensus import c3
+from scout_sys.consensus.peers import work_groups
 from scout_sys.model import (
     ATTRIBUTED,
     STRAGGLER,
@@ -135,27 +136,43 @@ def _outliers(values: Mapping[int, float], floor: float) -> tuple[tuple[int, ...
 
 
 def window_verdict(job: Job, obs: Sequence[Observation], start: float, end: float) -> WindowVerdict:
-    """The outliers of one window, across the job's peer groups (the first group with data)."""
-    for group in job.groups():
-        live = [r for r in group if r in job.by_rank()]
-        if len(live) < 3:
-            continue  # two ranks cannot outvote each other
-        lags, period = _lags(obs, live, start, end)
-        busy = _busy(obs, live)
-        if lags:
-            floor = max(LAG_FLOOR, LAG_FLOOR_OF_PERIOD * (period or 0.0))
-            sus, med, thr = _outliers(lags, floor)
-            slack = None
-            if sus and period and len(busy) == len(live):
-                peers = [r for r in live if r not in sus]
-                wait = (max(lags[r] for r in sus) - med) / period
-                slack = 1.0 - statistics.median(busy[r] for r in peers) - wait
-                if slack > SLACK_MAX:
-                    sus = ()
-            return WindowVerdict(start, end, "lag", lags, sus, med, thr, period, slack, periods(obs, start, end))
-        if len(busy) == len(live):
-            sus, med, thr = _outliers(busy, BUSY_FLOOR)
-            return WindowVerdict(start, end, "busy", busy, sus, med, thr, None, None, periods(obs, start, end))
+    """The outliers of one window, within each group of ranks that do the same work
+    (consensus/peers.py: a pipeline's stages apart). Groups judged by the same measure are merged:
+    their values side by side, the median and threshold of the first group with an outlier."""
+    found = [w for w in (_group_verdict(job, g, obs, start, end) for g in work_groups(job)) if w.metric]
+    if not found:
+        return WindowVerdict(start, end, "")
+    same = [w for w in found if w.metric == found[0].metric]
+    if len(same) == 1:
+        return same[0]
+    lead = next((w for w in same if w.suspects), same[0])
+    values = {r: v for w in same for r, v in w.values.items()}
+    suspects = tuple(sorted(r for w in same for r in w.suspects))
+    return WindowVerdict(start, end, lead.metric, values, suspects, lead.median, lead.threshold, lead.period,
+                         lead.slack, lead.periods)
+
+
+def _group_verdict(job: Job, group: Sequence[int], obs: Sequence[Observation], start: float,
+                   end: float) -> WindowVerdict:
+    live = [r for r in group if r in job.by_rank()]
+    if len(live) < 3:
+        return WindowVerdict(start, end, "")  # two ranks cannot outvote each other
+    lags, period = _lags(obs, live, start, end)
+    busy = _busy(obs, live)
+    if lags:
+        floor = max(LAG_FLOOR, LAG_FLOOR_OF_PERIOD * (period or 0.0))
+        sus, med, thr = _outliers(lags, floor)
+        slack = None
+        if sus and period and len(busy) == len(live):
+            peers = [r for r in live if r not in sus]
+            wait = (max(lags[r] for r in sus) - med) / period
+            slack = 1.0 - statistics.median(busy[r] for r in peers) - wait
+            if slack > SLACK_MAX:
+                sus = ()
+        return WindowVerdict(start, end, "lag", lags, sus, med, thr, period, slack, periods(obs, start, end))
+    if len(busy) == len(live):
+        sus, med, thr = _outliers(busy, BUSY_FLOOR)
+        return WindowVerdict(start, end, "busy", busy, sus, med, thr, None, None, periods(obs, start, end))
     return WindowVerdict(start, end, "")
 
 
@@ -182,6 +199,7 @@ def confirm(job: Job, history: Sequence[WindowVerdict], k: int = CONFIRM) -> Inc
     ev.append(Evidence(src,
                        f"{len(peers)} peers: median {_fmt(w.metric, w.median)}",
                        data={"per_rank": {str(r): round(v, 4) for r, v in sorted(w.values.items())}}))
+    ev += _compared(job, ranks, w)
     return Incident(
         kind=STRAGGLER,
         status=ATTRIBUTED,
@@ -191,6 +209,18 @@ def confirm(job: Job, history: Sequence[WindowVerdict], k: int = CONFIRM) -> Inc
         summary=_summary(w, ranks, k),
         evidence=tuple(ev),
     )
+
+
+def _compared(job: Job, ranks: Sequence[int], w: WindowVerdict) -> list[Evidence]:
+    """Which ranks the straggler was compared with, and where that grouping came from."""
+    if not job.peer_groups:
+        return []
+    group = next((g for g in work_groups(job) if set(ranks) <= set(g)), ())
+    peers = [r for r in group if r not in ranks and r in w.values]
+    if not peers:
+        return []
+    return [Evidence("procfs", f"compared with ranks {', '.join(map(str, peers))}, which do the same work "
+                     f"(layout: {job.layout})", data={"peers": peers, "layout": job.layout})]
 
 
 def _fmt(metric: str, v: float) -> str:
@@ -221,15 +251,21 @@ def _summary(w: WindowVerdict, ranks: tuple[int, ...], k: int) -> str:
 # ---- one window (``diagnose``): the rank the others keep waiting for
 
 WAITED_MIN = 0.5  # share of stack samples in which a strict majority must be found waiting
+# A straggler passes through its own collectives too, briefly: a sample may catch it there (at most
+# one in four; never with fewer than four samples).
+SELDOM = 4
 
 
-def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any]) -> dict[int, tuple[int, int, str]]:
-    """From the window's stack samples: ranks that were never found waiting while a strict majority of
+def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any]
+                  ) -> dict[int, tuple[int, int, str, int]]:
+    """From the window's stack samples: ranks that were (almost) never found waiting while a strict majority of
     their peers — themselves progressing (their stacks move) — was found waiting in more than
-    ``WAITED_MIN`` of the samples, in a collective (Gloo) or at their common sync point (the GPU shape).
+    ``WAITED_MIN`` of the samples, in a collective (Gloo) or at their common sync point (the GPU shape);
+    peers found in collectives at every sample count as progressing when they exchanged data.
     Only a rank that progresses itself (``running``, not writing a checkpoint) counts: a stuck one is a
-    hang. Returns rank -> (samples in which the majority waited, samples, where they waited)."""
-    from scout_sys.consensus.hang import WRITE_PROGRESS_BYTES, location_of, untorn
+    hang. Returns rank -> (samples in which the majority waited, samples, where they waited, samples in
+    which the rank itself was found waiting)."""
+    from scout_sys.consensus.hang import location_of, untorn
     from scout_sys.consensus.patterns import collective_of
 
     reads: dict[int, list[Any]] = {}
@@ -243,8 +279,8 @@ def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any])
         for _o, main in untorn(rs):
             w = collective_of(main.frames)
             stacks.setdefault(rank, []).append(("coll", w.op, w.site) if w else ("place", location_of(main.frames)))
-    out: dict[int, tuple[int, int, str]] = {}
-    for group in job.groups():
+    out: dict[int, tuple[int, int, str, int]] = {}
+    for group in work_groups(job):
         ranks = [r for r in group if len(stacks.get(r, ())) >= 3]
         if len(ranks) < 3:
             continue
@@ -258,12 +294,28 @@ def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any])
         where = f"in {wait_key[1]} at {wait_key[2]}" if wait_key[0] == "coll" else "at their common sync point"
         for r in ranks:
             a = acts.get(r)
-            if any(waits[r]) or a is None or a.state != "running" or a.wrote >= WRITE_PROGRESS_BYTES:
-                continue
             peers = [p for p in ranks if p != r]
-            if sum(acts.get(p) is not None and acts[p].state == "running" for p in peers) * 2 > len(peers):
-                out[r] = (waited, k, where)
+            own = sum(waits[r])
+            if own * SELDOM > k or a is None or a.state != "running" or _writes_alone(a, [acts.get(p) for p in peers]):
+                continue
+            if sum(_moving(acts.get(p)) for p in peers) * 2 > len(peers):
+                out[r] = (waited, k, where, own)
     return out
+
+
+def _moving(a: Any) -> bool:
+    """Progressing: its stack moves, or it is found in collectives each time but exchanged data over the
+    window (a hung Gloo peer writes nothing while it waits)."""
+    return a is not None and (a.state == "running" or (a.state == "waiting" and a.wrote > 0))
+
+
+def _writes_alone(a: Any, peers: Sequence[Any]) -> bool:
+    """The rank wrote enough to be progressing (a checkpoint) and more than twice what its peers wrote:
+    write counts include the sockets, and every rank sends its share of the collectives' data."""
+    from scout_sys.consensus.hang import WRITE_PROGRESS_BYTES
+
+    theirs = [p.wrote for p in peers if p is not None]
+    return a.wrote >= WRITE_PROGRESS_BYTES and (not theirs or a.wrote > 2 * statistics.median(theirs))
 
 
 def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], window: tuple[float, float]
@@ -279,8 +331,9 @@ def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], win
     for r in sorted(set(w.suspects) | set(seen)):
         stack_text = None
         if r in seen:
-            waited, k, where = seen[r]
-            stack_text = (f"rank {r} was never found waiting while a strict majority of its peers waited "
+            waited, k, where, own = seen[r]
+            stack_text = (f"rank {r} was {'never found waiting' if not own else f'found waiting in only {own} of {k} samples'}"
+                          " while a strict majority of its peers waited "
                           f"{where} in {waited} of {k} stack samples")
         measure = _rank_text(w, r) if r in w.suspects else None
         if stack_text and measure:
@@ -288,12 +341,13 @@ def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], win
             out.append(Incident(
                 kind=STRAGGLER, status=ATTRIBUTED, ranks=(r,), hosts=(job.host_of(r),), since=window[0],
                 summary=f"rank {r} is a straggler: its peers wait for it ({_fmt(w.metric, w.values.get(r, 0.0))}; "
-                        f"peers {_fmt(w.metric, w.median)}) and it never waits",
+                        f"peers {_fmt(w.metric, w.median)}) and it {'never' if not seen[r][3] else 'seldom'} waits",
                 evidence=(Evidence("stack", stack_text, rank=r, data={"samples": seen[r][1],
                                                                       "majority_waiting": seen[r][0]}),
                           Evidence(src, measure, rank=r, data={"metric": w.metric, "value": round(w.values[r], 4),
                                                                "peer_median": round(w.median, 4),
-                                                               "threshold": round(w.threshold, 4)}))))
+                                                               "threshold": round(w.threshold, 4)}),
+                          *_compared(job, (r,), w))))
         else:
             notes.append(f"possible straggler (one measure only, not enough to name it): {stack_text or measure}")
     return out, notes

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from scout_sys.consensus import c3
+from scout_sys.consensus import c3, learned
 from scout_sys.text import ranks_text
 
 ATTRIBUTED = c3.ATTRIBUTED
@@ -334,25 +334,33 @@ def chain_text(graph: Graph, chain: Sequence[int], waits: Mapping[int, Wait]) ->
             w = waits.get(r)
             state = "is not observed on this host" if w is None else (
                 "waits in another collective of its group" if graph.kinds.get(r) == DESYNC_STATE
-                else f"is {w.state}")
+                else _waiting_end(w) if w.state == "waiting" else f"is {w.state}")
             parts.append(f"{head} {state}")
     return " ".join(parts)
+
+
+def _waiting_end(w: Wait) -> str:
+    """A chain that ends at a rank that waits itself: where, and why it goes no further."""
+    where = f"waits in {w.collective}" if w.collective else "waits"
+    if w.group is None:
+        return f"{where} (its process group is not known)"
+    return f"{where}, where its group's other waiting members are in another collective (no strict majority)"
 
 
 # --------------------------------------------------------------------------- the seam in consensus/hang.py
 
 ELSEWHERE_RANK = -1  # stands for the members of a group that run on other hosts
+_SOURCES = {"procfs": "the ranks' TCP connections", "ebpf-comms": "NCCL communicator creation (eBPF)"}
+
+
+def learned_from(source: str) -> str:
+    """What learned a ProcessGroupSample's groups, for people: ``the ranks' TCP connections``."""
+    return " and ".join(_SOURCES.get(src, src) for src in source.split("+"))
 
 
 def latest_groups(obs: Sequence[Any]) -> Any | None:
-    """The newest :class:`~scout_sys.model.ProcessGroupSample` with at least one group."""
-    from scout_sys.model import ProcessGroupSample
-
-    best = None
-    for o in obs:
-        if isinstance(o, ProcessGroupSample) and o.groups and (best is None or o.time >= best.time):
-            best = o
-    return best
+    """The job's process groups, every source merged (:func:`consensus.learned.merged`)."""
+    return learned.merged(obs)
 
 
 def from_activities(acts: Mapping[int, Any], sample: Any) -> tuple[dict[int, Wait], list[tuple[int, ...]]]:
@@ -363,6 +371,8 @@ def from_activities(acts: Mapping[int, Any], sample: Any) -> tuple[dict[int, Wai
                      a.wait.label() if a.state == "waiting" and a.wait else "",
                      bool(a.state == "waiting" and a.wait and a.wait.p2p))
              for r, a in acts.items()}
+    for r, (g, label) in learned.gpu_waits(sample, acts).items():
+        waits[r] = Wait(r, "waiting", g, label)
     return waits, groups
 
 
@@ -422,6 +432,8 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
     kinds = (HANG, PROCESS_STALL, PROCESS_EXIT, DESYNC)
     named = [i for i in incidents if i.status == ATTR and i.kind in kinds]
     stalled = any(i.kind == HANG and i.status != ATTR for i in incidents)
+    if sample is not None and not stalled and not incidents:
+        stalled = learned.gpu_stall(sample, acts, window)
     if sample is None or not (stalled or named):
         return incidents, []
     g, waits, tie_note = analyze_sample(acts, sample)
@@ -430,28 +442,31 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
     if named and g.status != ATTRIBUTED:
         return incidents, [f"wait-for graph inconclusive (the peer groups' verdict stands): {g.reason}"]
     ev = [Evidence("procfs", f"wait-for: {chain_text(g, c, waits)}", data={"chain": list(c)}) for c in g.chains]
-    ev.append(Evidence("procfs", f"wait-for graph over {len(sample.groups)} process groups learned from the "
-                       "ranks' TCP connections", data={"wait_for": g.edges_json()}))
+    sources = learned_from(sample.source)
+    ev.append(Evidence("procfs", f"wait-for graph over {len(sample.groups)} process groups learned from {sources}",
+                       data={"wait_for": g.edges_json()}))
     if tie_note:
         ev.append(Evidence("procfs", tie_note))
     named_ranks = {r for i in named for r in i.ranks}
-    waiters = {r for e in g.edges for r in e.waiters} - set(g.kinds)
+    # ranks the graph sees waiting inside a collective frame (not the GPU shape's spinning waiters)
+    in_frame = {r for e in g.edges for r in e.waiters if acts[r].state == "waiting"} - set(g.kinds)
     if named and named_ranks == set(g.origins):
         return ([replace(i, evidence=i.evidence + tuple(ev)) if i in named else i for i in incidents],
                 [f"the wait-for graph ({len(g.edges)} edges) ends at the same rank(s)"])
-    if named and not named_ranks & waiters:
+    if named and not named_ranks & in_frame:
         return incidents, [f"the wait-for graph ends at rank(s) {', '.join(map(str, g.origins))}, not at the "
                            f"rank(s) named by the peer groups ({', '.join(map(str, sorted(named_ranks)))})"]
     if g.status == ATTRIBUTED:
         origins = [acts[r] for r in g.origins]
-        witnesses = [a for a in acts.values() if a.state == "waiting" and a.rank not in g.kinds]
+        waiters = {r for e in g.edges for r in e.waiters}  # in a collective frame, or spinning (GPU shape)
+        witnesses = [a for a in acts.values() if a.rank in waiters and a.rank not in g.kinds]
         found = attribute(job, origins, witnesses, "collectives of their process groups", len(acts), window,
                           decisive_only=False)
         found = [replace(i, evidence=i.evidence + tuple(ev)) for i in found]
         kept = [i for i in incidents if i not in named and not (i.kind == HANG and i.status != ATTR)]
         notes = [f"origin found by following the wait-for graph ({len(g.edges)} edges)"]
         if named:
-            notes.append(f"rank(s) {', '.join(map(str, sorted(named_ranks & waiters)))} named by the peer groups "
+            notes.append(f"rank(s) {', '.join(map(str, sorted(named_ranks & in_frame)))} named by the peer groups "
                          "wait for the origin in a collective of their process group: witnesses, not origins")
         return kept + found, notes
     out = []

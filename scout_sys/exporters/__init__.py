@@ -27,6 +27,15 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
+def feed(sinks: Sequence[Sink], events: Sequence[Any], snapshot: Snapshot | None, took: float) -> None:
+    """One poll's events, then its snapshot, to each sink (the sources' ``sinks`` seam)."""
+    for sink in sinks:
+        for e in events:
+            sink.on_event(e)
+        if snapshot is not None:
+            sink.on_snapshot(snapshot, took)
+
+
 class Sinks:
     """A list of sinks fed together; a failing sink is reported, never fatal."""
 
@@ -60,4 +69,4 @@ class Sinks:
             self.on_snapshot(watcher.snapshot, 0.0)
 
 
-__all__ = ["Sink", "Sinks"]
+__all__ = ["Sink", "Sinks", "feed"]

@@ -83,6 +83,8 @@ class HookRunner:
         self._lock = threading.Lock()
 
     def on_event(self, e: Event) -> None:
+        if getattr(e, "incident", None) is None:  # watch --cluster's agent events: --events and metrics only
+            return
         if e.event != "incident_opened" and not self.all_events:
             return
         if not self._slots.acquire(blocking=False):

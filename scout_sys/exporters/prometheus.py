@@ -79,6 +79,8 @@ class SnapshotCollector(Collector):
             self._snap, self._took, self._polls = s, took, self._polls + 1
 
     def count(self, e: Event) -> None:
+        if getattr(e, "incident", None) is None:  # watch --cluster's agent events: scout_sys_agent_up says it
+            return
         with self._lock:
             if e.event == "incident_opened":
                 self._opened[e.incident.kind] = self._opened.get(e.incident.kind, 0) + 1
@@ -205,6 +207,13 @@ def _monitor_families(job: str, s: Snapshot, took: float, polls: int) -> Iterato
     yield _one("scout_sys_stall_after_seconds", "how long without progress the watch calls a hang", job,
                s.stall_after)
     yield _one("scout_sys_job_ended", "1 once the watched job has ended", job, 1.0 if s.ended else 0.0)
+    if s.agents:  # watch --cluster
+        agents = GaugeMetricFamily("scout_sys_agent_up", "1 while the host's agent reports (watch --cluster); 0 "
+                                   "when it is lost or never reported: its ranks are not observed",
+                                   labels=["job", "node", "host"])
+        for a in s.agents:
+            agents.add_metric([job, str(a["node"]), str(a["host"])], 1.0 if a["state"] == "up" else 0.0)
+        yield agents
 
 
 class PrometheusExporter:

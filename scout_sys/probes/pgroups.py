@@ -17,8 +17,8 @@ Gloo's "ready to receive" notice) on that group's sockets and nothing since, so 
 out when that ties. Ranks on other hosts appear as addresses that are no rank's: their groups are
 *partial* (members not observed here).
 
-NCCL's bootstrap sockets do not follow this shape; for NCCL jobs the group must come from
-``--topology`` (or, later, eBPF probes at communicator creation).
+NCCL's bootstrap sockets do not follow this shape; NCCL jobs' groups come from the eBPF probe at
+communicator creation (probes/ebpf/comms.py, a watch started with the job) or ``--topology``.
 """
 
 from __future__ import annotations

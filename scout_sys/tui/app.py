@@ -30,9 +30,10 @@ from textual.widgets import Footer, Input, Tree
 from scout_sys.errors import NoRanks, ScoutError, TargetGone
 from scout_sys.model import Diagnosis, Incident
 from scout_sys.report import printable, render
-from scout_sys.text import compress
+from scout_sys.text import agent_event, compress
+from scout_sys.tui.chains import chains_text
 from scout_sys.tui.source import Source, save_report
-from scout_sys.tui.state import category, group_stacks, parse_filter, suspects
+from scout_sys.tui.state import category, group_stacks, parse_filter, peer_blocks, peers_title, suspects
 from scout_sys.tui.widgets import (
     Cell,
     DevicePanel,
@@ -88,6 +89,7 @@ class ScoutApp(App[int]):
         Binding("slash", "filter", "filter"),
         Binding("enter", "details", "details"),
         Binding("g", "group", "hosts/peers"),
+        Binding("w", "chains", "wait-for"),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
         Binding("escape", "clear_filter", "clear filter", show=False),
@@ -210,7 +212,11 @@ class ScoutApp(App[int]):
         self._arm_poll(delay)
 
     def _on_event(self, ev: Any) -> None:
-        inc: Incident = ev.incident
+        inc: Incident | None = getattr(ev, "incident", None)
+        if inc is None:  # the monitor's own news (watch --cluster: an agent lost, or back)
+            self.notify(printable(agent_event(ev)), severity="warning" if ev.event == "agent_lost" else "information",
+                        markup=False, timeout=8)
+            return
         self.incidents_seen.add(inc.id or inc.kind)
         what = f"{inc.kind} ({inc.status})" + (f" ranks {compress(inc.ranks)}" if inc.ranks else "")
         bundle = getattr(ev, "bundle", None)
@@ -247,10 +253,13 @@ class ScoutApp(App[int]):
         self._render_all(s)
 
     def watch_group_by(self, _: str) -> None:
-        self.query_one("#grid-scroll").border_title = "ranks by host" if self.group_by == "host" else \
-            "ranks by peer group"
+        self._grid_title()
         if self.snapshot is not None:
             self._render_all(self.snapshot)
+
+    def _grid_title(self) -> None:
+        self.query_one("#grid-scroll").border_title = "ranks by host" if self.group_by == "host" else \
+            peers_title(self.snapshot.job if self.snapshot is not None else None)
 
     def action_group(self) -> None:
         self.group_by = "peers" if self.group_by == "host" else "host"
@@ -276,11 +285,13 @@ class ScoutApp(App[int]):
         visible: list[int] = []
         block: dict[int, str] = {}
         if self.group_by == "peers":
-            for i, grp in enumerate(s.job.groups()):
+            blocks = peer_blocks(s.job)
+            for label, grp in blocks:
                 for r in grp:
-                    block.setdefault(r, f"peers {i}")
-            order = [r for grp in s.job.groups() for r in grp]
+                    block.setdefault(r, label)
+            order = [r for _, grp in blocks for r in grp]
             everyone = list(dict.fromkeys(order + everyone))
+            self._grid_title()
         for r in everyone:
             rk = by_rank.get(r)
             host = rk.host if rk else s.job.host
@@ -293,7 +304,8 @@ class ScoutApp(App[int]):
             visible.append(r)
             hosts.setdefault(block.get(r, "other") if block else host, []).append(Cell(r, cat))
         self._visible = visible
-        self.query_one(RankGrid).set_cells(list(hosts.items()))
+        lost = {a["host"]: f"agent {a['state']}" for a in getattr(s, "agents", ()) if a["state"] != "up"}
+        self.query_one(RankGrid).set_cells(list(hosts.items()), notes=lost)
         self.query_one(Legend).show(counts, len(visible), len(everyone))
         self.query_one(IncidentTree).show_incidents(s.incidents, s.closed, s.time)
         stacks = s.stacks or {r: v.stack for r, v in s.views.items() if v.stack}
@@ -390,6 +402,12 @@ class ScoutApp(App[int]):
             rank = min(sus) if sus else (self._visible[0] if self._visible else None)
         if rank is not None:
             self._rank_details(rank)
+
+    def action_chains(self) -> None:
+        """Who waits for whom: from the selected rank (or each chain of the open incidents) to its origin."""
+        s = self.snapshot
+        if s is not None:
+            self.push_screen(TextScreen("wait-for chains", chains_text(s.incidents, s.views, self.selected)))
 
     def action_help(self) -> None:
         t = help_text()

@@ -10,8 +10,9 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from scout_sys.model import ATTRIBUTED, Incident, RankView
+from scout_sys.model import ATTRIBUTED, Incident, Job, RankView
 from scout_sys.report import printable
+from scout_sys.text import coords_text
 
 # What a cell of the rank grid says, in the order of the legend. "suspect" wins over every state.
 CATEGORIES = ("progressing", "waiting", "stalled", "stopped", "exited", "unknown", "suspect")
@@ -46,6 +47,29 @@ def short_host(host: str, width: int = 14) -> str:
     if not h.replace(".", "").isdigit():  # keep IP addresses whole
         h = h.split(".", 1)[0]
     return h if len(h) <= width else h[: width - 1] + "…"
+
+
+def peer_blocks(job: Job) -> list[tuple[str, tuple[int, ...]]]:
+    """The rank grid's blocks by peer group (the job's, learned or given: consensus/peers.py), each
+    labelled with the coordinates its ranks share, e.g. ``peers 1 (tp=1)``."""
+    by_rank = job.by_rank()
+    out = []
+    for i, grp in enumerate(job.groups()):
+        shared = None
+        for r in grp:
+            rk = by_rank.get(r)
+            c = tuple((d, v) for d, v in rk.coords if d != "dp") if rk is not None and rk.coords else None
+            shared = c if shared is None or shared == c else ()
+        out.append((f"peers {i}" + (f" ({coords_text(shared)})" if shared else ""), tuple(grp)))
+    return out
+
+
+def peers_title(job: Job | None) -> str:
+    """The grid's title when laid out by peer group: where the groups came from."""
+    if job is None or not job.peer_groups:
+        return "ranks by peer group (layout unknown: the whole job)"
+    src = job.layout.split(":", 1)[0].split(" (")[0]
+    return f"ranks by peer group ({src})"
 
 
 # --------------------------------------------------------------------------- stacks

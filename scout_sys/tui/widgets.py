@@ -118,7 +118,7 @@ class RankGrid(Widget, can_focus=True):
     its rank number; beyond, one glyph per rank, several hosts per line."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {f"rankgrid--{c}" for c in CATEGORIES} | {
-        "rankgrid--host", "rankgrid--cursor"}
+        "rankgrid--host", "rankgrid--host-suspect", "rankgrid--cursor"}
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("left", "move(-1, 0)", "prev", show=False),
         Binding("right", "move(1, 0)", "next", show=False),
@@ -148,16 +148,20 @@ class RankGrid(Widget, can_focus=True):
         self._order: list[int] = []
         self._compact = False
         self._labels: dict[str, str] = {}
+        self._notes: dict[str, str] = {}
         self._strip_key: object = None
         self._strips: dict[int, Strip] = {}
         self._style_map: dict[str, Style] = {}
 
     # ---- data
-    def set_cells(self, hosts: Sequence[tuple[str, list[Cell]]]) -> None:
+    def set_cells(self, hosts: Sequence[tuple[str, list[Cell]]], notes: Mapping[str, str] | None = None) -> None:
+        """``notes``: a word after a host's name (watch --cluster: "agent lost"). A host holding a
+        suspect has its name in the suspect's colour."""
         hosts = [(h, list(cs)) for h, cs in hosts]
-        if hosts == self._hosts:
+        notes = dict(notes or {})
+        if hosts == self._hosts and notes == self._notes:
             return
-        self._hosts = hosts
+        self._hosts, self._notes = hosts, notes
         self._labels = {h: short_host(h, 12) for h, _ in hosts}
         self._version += 1
         self._cache = None
@@ -196,7 +200,10 @@ class RankGrid(Widget, can_focus=True):
         per_line = max(1, (width + 1) // (digits + 3))
         for host, cells in self._hosts:
             head = f"{short_host(host, max(8, width - 12))} "
-            lines.append([(head, "host", None), (compress(c.rank for c in cells), "dim", None)])
+            line = [(head, self._host_style(cells), None), (compress(c.rank for c in cells), "dim", None)]
+            if host in self._notes:
+                line.append((f"  {printable(self._notes[host])}", "dim", None))
+            lines.append(line)
             for i in range(0, len(cells), per_line):
                 row: list[tuple[str, str, int | None]] = []
                 for c in cells[i:i + per_line]:
@@ -213,7 +220,9 @@ class RankGrid(Widget, can_focus=True):
             rows = []
             for i in range(0, max(1, len(cells)), cap):
                 label = self._labels[host].ljust(label_w) if i == 0 else " " * label_w
-                row: list[tuple[str, str, int | None]] = [(label + " ", "host", None)]
+                row: list[tuple[str, str, int | None]] = [(label + " ", self._host_style(cells), None)]
+                if i == 0 and host in self._notes:
+                    row.append(("? ", "unknown", None))  # compact: a mark for "agent lost"
                 row += [("!" if c.category == "suspect" else _GLYPH, c.category, c.rank)
                         for c in cells[i:i + cap]]
                 rows.append(row)
@@ -241,6 +250,10 @@ class RankGrid(Widget, can_focus=True):
             lines.append(cur)
         return lines
 
+    @staticmethod
+    def _host_style(cells: Sequence[Cell]) -> str:
+        return "host-suspect" if any(c.category == "suspect" for c in cells) else "host"
+
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return max(1, len(self._layout(width)))
 
@@ -252,6 +265,7 @@ class RankGrid(Widget, can_focus=True):
                 if c != "suspect":
                     styles[c] = Style(color=styles[c].bgcolor)
         styles["host"] = self.get_component_rich_style("rankgrid--host")
+        styles["host-suspect"] = self.get_component_rich_style("rankgrid--host-suspect")
         styles["dim"] = Style(dim=True)
         styles[""] = Style()
         return {k: base + v for k, v in styles.items()}
@@ -605,6 +619,7 @@ keys
   /        filter ranks: 3  0-15  waiting  suspect  host:node7  (any term matches; empty: all)
   enter    details of the selected rank (grid) or incident
   g        lay the rank grid out by host or by peer group (equivalent ranks)
+  w        wait-for chains: from the selected waiting rank to the origin, group and collective each step
   arrows   move in the rank grid; tab moves between panels
   space    expand / collapse a stack group or evidence
   ?        this help

@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from scout_sys.consensus import hardware, lifecycle
+from scout_sys.consensus import hardware, lifecycle, peers
+from scout_sys.exporters import feed
 from scout_sys.job import find_job
 from scout_sys.model import (
     DESYNC,
@@ -47,10 +48,13 @@ from scout_sys.model import (
 from scout_sys.monitor import Monitor, default_probes
 from scout_sys.replay.live import ReplayPart
 from scout_sys.watch import bundle
-from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch
+from scout_sys.watch.early import EarlyProbes, early_probes
+from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch, with_trigger
 from scout_sys.watch.incidents import IncidentBook
 from scout_sys.watch.progress import Progress, Rotation
-from scout_sys.watch.restart import ENDED, FOUND, SAME, RankFinder
+from scout_sys.watch.restart import ENDED, FOUND, SAME, RankFinder, selector_pids
+from scout_sys.watch.sample import cheap_sample
+from scout_sys.watch.sample import dead as _dead
 from scout_sys.watch.straggler import StragglerWatch
 from scout_sys.watch.views import Views
 
@@ -60,10 +64,6 @@ if TYPE_CHECKING:
 HANG_KINDS = frozenset({HANG, PROCESS_STALL, PROCESS_EXIT, DESYNC})
 HISTORY_SECONDS = 60.0
 WAITING_TEXT = "waiting for the job's ranks…"
-def _dead(p: ProcSample) -> bool:
-    """Stopped or gone. A py-spy dump's momentary pause (ProcSample.stopped) is neither: the watch's
-    own native dump for an evidence bundle must not open a process_stall on the ranks it reads."""
-    return p.stopped or p.status in ("zombie", "gone")
 
 __all__ = ["HANG_KINDS", "WAITING_TEXT", "Watcher"]
 
@@ -85,6 +85,8 @@ class Watcher:
         self.clock = clock
         self.sleep = sleep
         self.finder = RankFinder(selector, lambda sel: find_job(sel, topology), wait_ranks=wait_ranks)
+        # probes that must be attached before the ranks start (NCCL communicator creation)
+        self.early = EarlyProbes(early_probes() if ebpf else [], lambda: selector_pids(selector))
         self.hang = HangWatch(stall_after)
         self.progress = Progress()
         self.rotation = Rotation(period=stack_period, interval=interval)
@@ -121,6 +123,7 @@ class Watcher:
     def start(self) -> None:
         """Find the job (raises when the selector names nothing); its ranks may come later."""
         self.started = self.clock()
+        self.early.start()
         self._look_for_ranks(self.started)
 
     def _look_for_ranks(self, now: float) -> None:
@@ -137,7 +140,8 @@ class Watcher:
         self.job = job
         self.progress.forget()
         self.stragglers.every.reset(now)
-        self.monitor = Monitor(job, extra_probes=default_probes(self.ebpf), clock=self.clock, sleep=self.sleep)
+        self.monitor = Monitor(job, extra_probes=[*self.early.leases(), *default_probes(self.ebpf)], clock=self.clock,
+                               sleep=self.sleep)
         self.monitor.start()
         if self.replay is not None:
             self.replay.close()
@@ -155,6 +159,7 @@ class Watcher:
         if self.monitor is not None:
             self.monitor.close(background=background)
             self.monitor = None
+        self.early.close()
 
     def __enter__(self) -> Watcher:
         self.start()
@@ -190,12 +195,7 @@ class Watcher:
         """One iteration: its events; the sinks get them and the new snapshot."""
         t0 = time.monotonic()
         events = self._poll()
-        took = time.monotonic() - t0
-        for sink in self.sinks:
-            for e in events:
-                sink.on_event(e)
-            if self.snapshot is not None:
-                sink.on_snapshot(self.snapshot, took)
+        feed(self.sinks, events, self.snapshot, time.monotonic() - t0)
         return events
 
     def _poll(self) -> list[Event]:
@@ -205,11 +205,12 @@ class Watcher:
             return []
         mon, job = self.monitor, self.job
         assert mon is not None
-        procs = mon.procfs.sample(now)
-        batch: list[Observation] = [*procs, *mon.sample_extra(now), *self._rotate_stacks(procs)]
+        procs, batch, stacks = cheap_sample(mon, self.progress, self.rotation, now)
+        self.views.from_stacks(stacks)
         self._remember(batch, now)
-        self.progress.observe(batch, now)
         events: list[Event] = []
+        # peer groups learned from the process groups (consensus/peers.py), unless the job came with a layout
+        self.job = job = peers.with_learned(job, batch)
 
         gone = any(p.status == "gone" for p in procs) or (procs and all(not p.alive for p in procs))
         if gone or (job.missing and self.finder.launcher_pid):
@@ -256,13 +257,7 @@ class Watcher:
             findings = self._confirm()
             self.hang.confirmed(now, found=bool(findings), stall=stall)
             if d.suspect and not hang_open:
-                trigger = Evidence("procfs" if d.signal != "collectives" else "ebpf",
-                                   f"a strict majority of ranks made no progress for {stall:.1f} s "
-                                   f"(signal: {d.signal}; stall-after {self.stall_after:.1f} s)",
-                                   data={"trigger": d.signal, "stall": round(stall, 3),
-                                         "stall_after": round(self.stall_after, 3)})
-                findings = [replace(f, evidence=f.evidence + (trigger,)) if f.kind == HANG else f
-                            for f in findings]
+                findings = with_trigger(findings, d, self.stall_after)
         elif hang_open:
             findings = self.book.of_kinds(HANG_KINDS)  # between two windows the hang stays as it was
         else:
@@ -295,15 +290,6 @@ class Watcher:
         self._obs.extend(batch)
         while self._obs and self._obs[0].time < now - HISTORY_SECONDS:
             self._obs.popleft()
-
-    def _rotate_stacks(self, procs: Sequence[ProcSample]) -> list[StackSample]:
-        """A few live ranks' stacks, in turn: cheap progress for the spin shape, and the dashboard's stacks."""
-        assert self.monitor is not None
-        live = [p.rank for p in procs if p.alive and not _dead(p)]
-        slow = self.progress.sees_collectives(live)
-        samples = self.monitor.stacks.dump(set(self.rotation.take(live, slow=slow)))
-        self.views.from_stacks(samples)
-        return samples
 
     def _confirm(self) -> list[Incident]:
         """A short stack window, judged by the diagnose rules (with eBPF records of the recent past)."""

@@ -36,13 +36,19 @@ def write_json(path: str, obj: object) -> None:
     os.replace(tmp, path)
 
 
+def new_folder(state_dir: str, inc: Incident) -> str:
+    """The private folder of ``inc``'s bundle (``bundles/<time>-<id>-<kind>`` under ``state_dir``), created."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(inc.since))
+    path = os.path.join(state_dir, "bundles", f"{stamp}-{inc.id}-{inc.kind}")
+    private_dirs(path)
+    return path
+
+
 def save(state_dir: str, inc: Incident, job: Job, diagnosis: Diagnosis | None,
          history: list[Observation], native_dump: Any = None) -> str:
     """Save the bundle for a new incident; returns its folder. ``native_dump()`` (taken in the
     background: it pauses the ranks for a moment) returns native StackSamples. Raises OSError."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(inc.since))
-    path = os.path.join(state_dir, "bundles", f"{stamp}-{inc.id}-{inc.kind}")
-    private_dirs(path)
+    path = new_folder(state_dir, inc)
     diag = diagnosis.to_json() if diagnosis is not None else {}
     diag["incident"] = inc.to_json()
     write_json(os.path.join(path, "diagnosis.json"), diag)

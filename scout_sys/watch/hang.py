@@ -16,7 +16,10 @@ not pay for a window every poll.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from scout_sys.model import HANG, Evidence, Incident
 
 MIN_STALL_AFTER = 5.0
 MAX_STALL_AFTER = 600.0
@@ -75,3 +78,13 @@ class HangWatch:
             self._quiet_stall = stall
         else:
             self._quiet_until = 0.0
+
+
+def with_trigger(findings: Sequence[Incident], d: Decision, stall_after: float) -> list[Incident]:
+    """The hang findings of a window that a suspicion started, with what raised it (for people: which
+    signal, how long the majority had stalled)."""
+    trigger = Evidence("procfs" if d.signal != "collectives" else "ebpf",
+                       f"a strict majority of ranks made no progress for {d.stall:.1f} s "
+                       f"(signal: {d.signal}; stall-after {stall_after:.1f} s)",
+                       data={"trigger": d.signal, "stall": round(d.stall, 3), "stall_after": round(stall_after, 3)})
+    return [replace(f, evidence=f.evidence + (trigger,)) if f.kind == HANG else f for f in findings]

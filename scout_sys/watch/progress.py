@@ -103,11 +103,18 @@ class Progress:
     def majority(self, ranks: Sequence[int], n: int, now: float) -> tuple[float, str]:
         """The stall a strict majority of ``n`` ranks has reached (the (n//2+1)-th longest of the
         ``ranks`` seen), and the signal behind it. Ranks not seen count as progressing."""
-        k = n // 2 + 1
-        stalls = sorted((self.stalled(r, now) for r in ranks), key=lambda s: s[0])
-        if len(stalls) < k:
-            return 0.0, ""
-        return stalls[-k]
+        return majority_of((self.stalled(r, now) for r in ranks), n)
+
+
+def majority_of(stalls: Iterable[tuple[float, str]], n: int) -> tuple[float, str]:
+    """The (n//2+1)-th longest of the (seconds, signal) ``stalls``: what a strict majority of ``n``
+    ranks has reached (ranks without a stall count as progressing). ``watch`` and ``watch --cluster``
+    (whose agents send each rank's stall) both compare it with stall-after."""
+    k = n // 2 + 1
+    ordered = sorted(stalls, key=lambda s: s[0])
+    if len(ordered) < k:
+        return 0.0, ""
+    return ordered[-k]
 
 
 def _advance(runs: dict[int, _Run], rank: int, value: object, t: float) -> None:

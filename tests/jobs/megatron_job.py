@@ -9,6 +9,7 @@ Faults, on --fault-rank at --fault-step:
   lock    blocks on a lock after its step (outside any collective): its dp partner waits in the
           data-parallel all-reduce, its tp partner in RowParallelLinear's all-reduce
   stop    sends itself SIGSTOP after its step
+  slow    computes --slow-seconds more than its peers every step from then on (a straggler)
 
 Prints "MEGATRON step N" (rank 0) and "MEGATRON fault KIND rank=R pid=P" (the bad rank).
 """
@@ -27,9 +28,16 @@ import torch
 import torch.distributed as dist
 
 
+def extra_compute(seconds: float) -> None:
+    w, end = torch.randn(64, 64), time.time() + seconds
+    while time.time() < end:
+        w = torch.tanh(w @ w)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fault", choices=["none", "lock", "stop"], default="none")
+    ap.add_argument("--fault", choices=["none", "lock", "stop", "slow"], default="none")
+    ap.add_argument("--slow-seconds", type=float, default=0.1)
     ap.add_argument("--fault-rank", type=int, default=2)
     ap.add_argument("--fault-step", type=int, default=3)
     ap.add_argument("--step-sleep", type=float, default=0.05)
@@ -67,7 +75,11 @@ def main() -> int:
             dist.all_reduce(p.grad, group=dp_group)
         opt.step()
         opt.zero_grad()
-        if rank == a.fault_rank and step == a.fault_step and a.fault != "none":
+        if rank == a.fault_rank and step >= a.fault_step and a.fault == "slow":
+            if step == a.fault_step:
+                print(f"MEGATRON fault slow rank={rank} pid={os.getpid()}", flush=True)
+            extra_compute(a.slow_seconds)
+        elif rank == a.fault_rank and step == a.fault_step and a.fault != "none":
             print(f"MEGATRON fault {a.fault} rank={rank} pid={os.getpid()}", flush=True)
             if a.fault == "lock":
                 lock.acquire(timeout=max(0.0, deadline - time.time()))
