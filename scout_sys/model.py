@@ -622,6 +622,8 @@ class ProcessGroupSample:
     groups: tuple[tuple[int, ...], ...]  # global members of each group, sorted
     partial: tuple[int, ...] = ()  # indices of groups with members on other hosts
     waits_in: tuple[tuple[int, int], ...] = ()  # (rank, group index): the group it last sent to
+    # (rank, group indices): its newest sends tie (one clock tick) between these groups
+    waits_in_one_of: tuple[tuple[int, tuple[int, ...]], ...] = ()
     notes: tuple[str, ...] = ()
     rank: int = -1  # a job-wide record
     source: str = "procfs"  # "procfs" (Gloo's sockets) | "ebpf-comms" (NCCL communicator creation)

@@ -150,3 +150,62 @@ def test_probe_follows_the_contract_and_reads_a_live_job_shape():
     assert p.health().notes == () or "sock_diag" in p.health().notes[0]
     p.close()
     p.close()
+
+
+def test_a_tie_of_unanswered_sends_goes_to_the_peer_heard_from_longest_ago():
+    # rank 1 (dp=2 x pp=2 shape, measured on the 8-rank mix): in one 4 ms tick it sent its gradient to
+    # the other stage (whose ready notice came just before) and its data into the dp all-reduce, where
+    # the peer last spoke a step earlier: it waits in the dp group
+    m = Mesh()
+    m.group([0, 1], sent={(1, 0): (6212, 6216), (0, 1): (6216, 6212)})  # pp: the completed send
+    m.group([1, 2], sent={(1, 2): (6212, 6268), (2, 1): (6268, 6212)})  # dp: waiting for 2
+    learned = learn(m.socks, m.table)
+    assert {r: learned.groups[g] for r, g in current_groups(learned, m.socks, m.table).items()}[1] == (1, 2)
+    # the same recv times: still no group rather than a guess
+    m.table.update({i: Sock(s.local, s.remote, ESTABLISHED, 6212, 6216) for i, s in m.table.items()
+                    if s.state == ESTABLISHED})
+    assert 1 not in current_groups(learned, m.socks, m.table)
+
+
+def test_sends_all_answered_in_one_tick_are_a_tie_between_their_groups():
+    # measured on the 8-rank mix: rank 3 posted its recv to 7 and finished its tp all-reduce with 2 in
+    # one tick, both answered in that tick: which one it waits in is left to the wait-for graph
+    m = Mesh()
+    m.group([2, 3], sent={(3, 2): (15028, 15028), (2, 3): (15028, 15028)})
+    m.group([3, 7], sent={(3, 7): (15028, 15028), (7, 3): (15028, 15088)})
+    learned = learn(m.socks, m.table)
+    ties: dict[int, tuple[int, ...]] = {}
+    assert 3 not in current_groups(learned, m.socks, m.table, ties=ties)
+    assert sorted(learned.groups[g] for g in ties[3]) == [(2, 3), (3, 7)]
+
+
+def test_an_answered_send_written_late_does_not_hide_the_unanswered_wait():
+    # measured on the 8-rank mix under load: rank 0 waits in the dp all-reduce (sent 19696 ms ago,
+    # unanswered); the end of its finished tp all-reduce was written 8 ms later (answered)
+    m = Mesh()
+    m.group([0, 1], sent={(0, 1): (19688, 19688), (1, 0): (19688, 19688)})
+    m.group([0, 2], sent={(0, 2): (19696, 19752), (2, 0): (19752, 19696)})
+    learned = learn(m.socks, m.table)
+    assert learned.groups[current_groups(learned, m.socks, m.table)[0]] == (0, 2)
+    # an unanswered send from 10 s before is no wait: the newest send names the group
+    m.table.update({i: Sock(s.local, s.remote, ESTABLISHED, 29696, 39752) for i, s in m.table.items()
+                    if s.state == ESTABLISHED and s.last_sent_ms == 19696})
+    assert learned.groups[current_groups(learned, m.socks, m.table)[0]] == (0, 1)
+
+
+def test_probe_reads_every_few_seconds_when_polled_and_at_once_at_a_window_end(monkeypatch):
+    # measured in the watch on the 8-rank mix: its confirmation came 1-3 s after the ranks began to
+    # wait, and the newest read (a poll's, up to 2 s older) saw them before they did
+    from scout_sys.model import Job, Rank
+    from scout_sys.probes import pgroups
+
+    clock = [100.0]
+    monkeypatch.setattr(pgroups.time, "monotonic", lambda: clock[0])
+    p = pgroups.ProcessGroupProbe(every=2.0)
+    p.start(Job(ranks=(Rank(rank=0, pid=os.getpid(), host="h"),), world_size=1, launcher="explicit",
+                launcher_pid=None, host="h"))
+    reads = []
+    for dt in (0.0, 0.5, 0.5, 0.5, 0.5, 1.3, 0.5):  # polls every 0.5 s, then a 1.3 s window's end
+        clock[0] += dt
+        reads.append(len(p.sample(clock[0])))
+    assert reads == [1, 0, 0, 0, 1, 1, 0], reads

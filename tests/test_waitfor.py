@@ -179,3 +179,79 @@ def test_a_chain_ending_at_a_tie_says_where_both_wait():
     assert "rank 0 waits in all_reduce at x.py:1 of group {0, 2} for rank 2, which waits in broadcast at t.py:5, " \
            "where its group's other waiting members are in another collective (no strict majority)" in texts, texts
     assert any("for rank 3, which waits in wait_tensor at t.py:6" in t for t in texts), texts
+
+
+# --------------------------------------------------------------------------- pipelines (point-to-point)
+
+
+def test_p2p_waits_at_different_calls_of_one_pipeline_group_are_no_desync():
+    # 4 stages in one pipeline group, stage 2 stalled: stage 3 waits in recv, stage 1 in send, stage 0
+    # in recv of the backward, each at its own call site; none is a desync origin
+    waits = {0: Wait(0, "waiting", 0, "recv at p.py:9", p2p=True), 1: Wait(1, "waiting", 0, "send at p.py:7", p2p=True),
+             3: Wait(3, "waiting", 0, "recv at p.py:7", p2p=True), 2: Wait(2, "idle")}
+    g = analyze(waits, [(0, 1, 2, 3)])
+    assert (g.status, g.origins, g.kinds) == (ATTRIBUTED, (2,), {2: "idle"})
+    # the same waits taken for collectives: three calls of one group, no majority: a tie, nobody named
+    g = analyze({r: Wait(r, x.state, x.group, x.collective) for r, x in waits.items()}, [(0, 1, 2, 3)])
+    assert g.status == INCONCLUSIVE and "no strict majority" in g.reason
+
+
+def _mix_acts():
+    # dp=2 x tp=2 x pp=2 (rank = pp*4 + dp*2 + tp), rank 6 stalled after its step (measured on the job)
+    states = {r: "waiting" for r in range(8)} | {6: "idle"}
+    sites = {0: "t.py:109", 1: "t.py:109", 2: "t.py:97", 3: "t.py:99", 4: "t.py:109", 5: "t.py:109", 7: "t.py:91"}
+    return _acts(states, sites)
+
+
+MIX = ((0, 1, 2, 3, 4, 5, 6, 7), (0, 4), (0, 2), (0, 1), (1, 5), (1, 3), (2, 6), (2, 3), (3, 7), (4, 6), (4, 5),
+       (5, 7), (6, 7))
+
+
+def test_a_tie_between_groups_is_kept_when_every_choice_ends_at_one_origin():
+    from scout_sys.consensus.waitfor import analyze_sample
+    from scout_sys.model import ProcessGroupSample
+
+    # rank 3 sent last to {3, 7} and {2, 3} in one tick: either way its chain ends at rank 6
+    gi = {m: i for i, m in enumerate(MIX)}
+    waits_in = ((0, gi[(0, 2)]), (1, gi[(1, 3)]), (2, gi[(2, 6)]), (4, gi[(4, 6)]), (5, gi[(5, 7)]),
+                (7, gi[(6, 7)]))
+    sample = ProcessGroupSample(time=1.0, groups=MIX, waits_in=waits_in,
+                                waits_in_one_of=((3, (gi[(2, 3)], gi[(3, 7)])),))
+    g, _, note = analyze_sample(_mix_acts(), sample)
+    assert (g.status, g.origins) == (ATTRIBUTED, (6,)) and "one clock tick" in note
+    # a tie whose choices end at different ranks (here: 0 is idle too) stays unknown: inconclusive
+    acts = _mix_acts()
+    acts[0] = _acts({0: "idle"}, {})[0]
+    sample = ProcessGroupSample(time=1.0, groups=MIX, waits_in=waits_in[1:],
+                                waits_in_one_of=((3, (gi[(2, 3)], gi[(1, 3)])),))
+    g, _, note = analyze_sample(acts, sample)
+    assert g.status != ATTRIBUTED and note == ""
+
+
+def test_resolve_adds_the_graph_to_an_agreeing_verdict_and_replaces_one_that_names_a_waiter():
+    from scout_sys.consensus.hang import _attribute
+    from scout_sys.consensus.waitfor import resolve
+    from scout_sys.model import DESYNC, HANG, Incident, ProcessGroupSample
+
+    gi = {m: i for i, m in enumerate(MIX)}
+    sample = ProcessGroupSample(time=1.0, groups=MIX, waits_in=(
+        (0, gi[(0, 2)]), (1, gi[(1, 3)]), (2, gi[(2, 6)]), (3, gi[(3, 7)]), (4, gi[(4, 6)]), (5, gi[(5, 7)]),
+        (7, gi[(6, 7)])))
+    acts = _mix_acts()
+    job = _job(8)
+    right = Incident(HANG, "attributed", (6,), ("h0",), 0.0, "rank 6 is stuck")
+    out, notes = resolve(job, [sample], acts, [right], _attribute, (0.0, 1.0))
+    assert [i.ranks for i in out] == [(6,)] and any("chain" in e.data for e in out[0].evidence), notes
+    # the tp partner (7) named as a desync: it waits for 6 in their tp group — replaced by the graph
+    wrong = Incident(DESYNC, "attributed", (7,), ("h0",), 0.0, "rank 7 waits elsewhere")
+    out, notes = resolve(job, [sample], acts, [right, wrong], _attribute, (0.0, 1.0))
+    assert [(i.kind, i.ranks) for i in out] == [(HANG, (6,))], out
+    assert any("witnesses, not origins" in n for n in notes), notes
+
+
+def test_a_pipeline_group_with_stages_elsewhere_names_nobody():
+    # stages 0-1 here, stages 2-3 on another host (-1 stands for them): stage 1 waits in recv of the
+    # pipeline group; stage 0 is idle here, but what stage 1 waits for may be a stage elsewhere
+    waits = {1: Wait(1, "waiting", 0, "recv at p.py:7", p2p=True), 0: Wait(0, "idle")}
+    g = analyze(waits, [(0, 1, 2, 3, -1)])
+    assert g.status == INCONCLUSIVE and "not observed on this host" in g.reason, g

@@ -108,7 +108,10 @@ def across(job: Job, groups: Sequence[Sequence[int]], found: Sequence[tuple[Sequ
             origin_groups = {group_of.get(r) for i in origins for r in i.ranks}
             keep, witness_ev = [], []
             for i in incidents:
-                in_other = not any(group_of.get(r) in origin_groups for r in i.ranks) or not i.ranks
+                # Peer groups from the shape of activity are a guess: a rank waiting in another collective
+                # than the others of its guessed group may be the stuck origin's tensor-parallel partner.
+                in_other = (not any(group_of.get(r) in origin_groups for r in i.ranks) or not i.ranks
+                            or layout == ACTIVITY_SOURCE)
                 common = i.kind == HANG and i.status == INCONCLUSIVE
                 waiting_desync = (stuck and in_other and i.kind == DESYNC and i.status == ATTRIBUTED and i.ranks
                                   and all(acts.get(r) is not None and acts[r].state == "waiting" for r in i.ranks))

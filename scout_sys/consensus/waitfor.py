@@ -7,7 +7,9 @@ group (the chain goes on through them), or they wait for no one — the chain en
 - stuck outside every collective (``idle``, ``busy``, ``unknown``), ``stopped`` / ``disk-sleep``,
   ``exited``: an **origin**;
 - waiting in *another* collective of the same group G: a **desync** origin when G's strict
-  majority (of members waiting in G) agrees on the collective and it is in the minority;
+  majority (of members waiting in G) agrees on the collective and it is in the minority.
+  Point-to-point waits (send / recv, a pipeline schedule's batch) are never desync origins nor
+  votes: stages legitimately wait at different calls of one pipeline group;
 - not observed on this host (``elsewhere``): the chain runs elsewhere; nothing beyond it is named;
 - ``running`` (its stack moves): a pause, not a hang.
 
@@ -23,10 +25,11 @@ group of 65,536 ranks costs 65,536 entries, not their square. Pure: no I/O, no c
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scout_sys.consensus import c3, learned
+from scout_sys.text import ranks_text
 
 ATTRIBUTED = c3.ATTRIBUTED
 INCONCLUSIVE = c3.INCONCLUSIVE
@@ -55,6 +58,7 @@ class Wait:
     state: str
     group: int | None = None  # index into the groups: the process group it waits in
     collective: str = ""  # what it waits in (comparable across ranks: op and call site)
+    p2p: bool = False  # a point-to-point wait (send / recv between pipeline stages)
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,7 @@ def analyze(waits: Mapping[int, Wait], groups: Sequence[Sequence[int]]) -> Graph
     # 1. Bundles: (group, collective) -> waiters.
     by_key: dict[tuple[int, str], list[int]] = {}
     no_group: list[int] = []
+    p2p: set[tuple[int, str]] = set()
     for r, w in waits.items():
         if w.state != "waiting":
             continue
@@ -108,14 +113,18 @@ def analyze(waits: Mapping[int, Wait], groups: Sequence[Sequence[int]]) -> Graph
             no_group.append(r)
         else:
             by_key.setdefault((w.group, w.collective), []).append(r)
+            if w.p2p:
+                p2p.add((w.group, w.collective))
     if not by_key:
         return Graph(NONE)
 
-    # 2. Another collective of the same group: C3 among the members waiting in the group.
+    # 2. Another collective of the same group: C3 among the members waiting in the group's
+    #    collectives. A point-to-point wait awaits its neighbour stage, whatever the others call.
     per_group: dict[int, list[tuple[str, list[int]]]] = {}
     if len({g for g, _ in by_key}) < len(by_key):  # some group has waiters in two collectives
         for (g, c), rs in by_key.items():
-            per_group.setdefault(g, []).append((c, rs))
+            if (g, c) not in p2p:
+                per_group.setdefault(g, []).append((c, rs))
     desync: dict[int, str] = {}  # rank -> DESYNC_STATE | TIE
     for entries in per_group.values():
         if len(entries) < 2:
@@ -201,7 +210,8 @@ def analyze(waits: Mapping[int, Wait], groups: Sequence[Sequence[int]]) -> Graph
     if problems:
         if problems <= {PROGRESS} and not origins:
             return Graph(NONE, tuple(edges), (), {}, chains, _WHY[PROGRESS])
-        why = "; ".join(_WHY.get(p, "a cycle of waits with no rank outside it") for p in sorted(problems))
+        texts = {**_WHY, NO_GROUP: f"{_WHY[NO_GROUP]} ({ranks_text(no_group)})" if no_group else _WHY[NO_GROUP]}
+        why = "; ".join(texts.get(p, "a cycle of waits with no rank outside it") for p in sorted(problems))
         return _replace(graph, reason=f"chains end at {why}")
     # 5. The witnesses (every waiting rank, all of whose chains end at the origins) are a strict
     #    majority of the ranks observed here: one waiting rank of two names nobody.
@@ -358,37 +368,94 @@ def from_activities(acts: Mapping[int, Any], sample: Any) -> tuple[dict[int, Wai
     groups = [tuple(g) + ((ELSEWHERE_RANK,) if i in sample.partial else ()) for i, g in enumerate(sample.groups)]
     waits_in = dict(sample.waits_in)
     waits = {r: Wait(r, a.state, waits_in.get(r) if a.state == "waiting" else None,
-                     a.wait.label() if a.state == "waiting" and a.wait else "")
+                     a.wait.label() if a.state == "waiting" and a.wait else "",
+                     bool(a.state == "waiting" and a.wait and a.wait.p2p))
              for r, a in acts.items()}
     for r, (g, label) in learned.gpu_waits(sample, acts).items():
         waits[r] = Wait(r, "waiting", g, label)
     return waits, groups
 
 
+MAX_CHOICES = 8  # ways to place waiting ranks whose newest sends tie between groups
+
+
+def analyze_sample(acts: Mapping[int, Any], sample: Any) -> tuple[Graph, dict[int, Wait], str]:
+    """:func:`analyze` over activities and a ProcessGroupSample. A waiting rank whose newest sends tie
+    between groups (one clock tick) is placed in each of them in turn: when every choice ends at the
+    same origins, that verdict stands (with a note); otherwise the rank's group stays unknown."""
+    from itertools import product
+
+    waits, groups = from_activities(acts, sample)
+    g = analyze(waits, groups)
+    tied = [(r, gs) for r, gs in getattr(sample, "waits_in_one_of", ())
+            if r in waits and waits[r].state == "waiting" and waits[r].group is None]
+    choices = 1
+    for _, gs in tied:
+        choices *= len(gs)
+    if g.status == ATTRIBUTED or not tied or choices > MAX_CHOICES:
+        return g, waits, ""
+    first = None
+    for pick in product(*(gs for _, gs in tied)):
+        w = dict(waits)
+        for (r, _), gi in zip(tied, pick, strict=True):
+            w[r] = replace(w[r], group=gi)
+        gi = analyze(w, groups)
+        if gi.status != ATTRIBUTED or (first is not None and (gi.origins, gi.kinds) != (first[0].origins,
+                                                                                       first[0].kinds)):
+            return g, waits, ""
+        first = first or (gi, w)
+    assert first is not None
+    which = "; ".join(f"rank {r} in one of " + ", ".join(_members_text(groups[i]) for i in gs) for r, gs in tied)
+    return first[0], first[1], (f"the newest sends of some waiting ranks fall in one clock tick ({which}): "
+                                "every choice ends at the same origin")
+
+
 def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Sequence[Any],
             attribute: Any, window: tuple[float, float]) -> tuple[list[Any], list[str]]:
-    """Where the peer-group vote named no origin: consult the wait-for graph of the learned process
-    groups. ``attribute`` is ``consensus.hang._attribute`` (incidents from origins and witnesses)."""
+    """Follow the wait-for graph of the learned process groups after the peer-group vote
+    (``attribute`` is ``consensus.hang._attribute``: incidents from origins and witnesses).
+
+    - The vote named no origin (a stall it could not attribute): the graph's origin, when its chains
+      agree; else the graph as evidence of the inconclusive hang.
+    - The vote named ranks: an attributed graph that ends at exactly those ranks adds its chains and
+      edges to their incidents; one that sees a named rank *waiting* (in a collective of a group whose
+      other members are not in it: a tensor-parallel partner, a pipeline neighbour in recv) replaces
+      the vote's verdict — a waiter is a witness, never an origin. Otherwise the vote stands.
+    """
     from dataclasses import replace
 
     from scout_sys.model import ATTRIBUTED as ATTR
-    from scout_sys.model import HANG, Evidence
+    from scout_sys.model import DESYNC, HANG, PROCESS_EXIT, PROCESS_STALL, Evidence
 
     incidents = list(incidents)
     sample = latest_groups(obs)
+    kinds = (HANG, PROCESS_STALL, PROCESS_EXIT, DESYNC)
+    named = [i for i in incidents if i.status == ATTR and i.kind in kinds]
     stalled = any(i.kind == HANG and i.status != ATTR for i in incidents)
     if sample is not None and not stalled and not incidents:
         stalled = learned.gpu_stall(sample, acts, window)
-    if sample is None or not stalled or any(i.status == ATTR for i in incidents):
-        return incidents, []  # only where the rules saw a stall and could not name its origin
-    waits, groups = from_activities(acts, sample)
-    g = analyze(waits, groups)
+    if sample is None or not (stalled or named):
+        return incidents, []
+    g, waits, tie_note = analyze_sample(acts, sample)
     if g.status == NONE:
         return incidents, []
+    if named and g.status != ATTRIBUTED:
+        return incidents, [f"wait-for graph inconclusive (the peer groups' verdict stands): {g.reason}"]
     ev = [Evidence("procfs", f"wait-for: {chain_text(g, c, waits)}", data={"chain": list(c)}) for c in g.chains]
     sources = learned_from(sample.source)
     ev.append(Evidence("procfs", f"wait-for graph over {len(sample.groups)} process groups learned from {sources}",
                        data={"wait_for": g.edges_json()}))
+    if tie_note:
+        ev.append(Evidence("procfs", tie_note))
+    named_ranks = {r for i in named for r in i.ranks}
+    # ranks the graph sees waiting inside a collective frame (not the GPU shape's spinning waiters)
+    in_frame = {r for e in g.edges for r in e.waiters if acts[r].state == "waiting"} - set(g.kinds)
+    if named and named_ranks == set(g.origins):
+        return ([replace(i, evidence=i.evidence + tuple(ev)) if i in named else i for i in incidents],
+                [f"the wait-for graph ({len(g.edges)} edges) ends at the same rank(s)"])
+    if named and not named_ranks & in_frame:
+        return incidents, [f"the wait-for graph ends at rank(s) {', '.join(map(str, g.origins))}, not at the "
+                           f"rank(s) named by the peer groups ({', '.join(map(str, sorted(named_ranks)))})"]
     if g.status == ATTRIBUTED:
         origins = [acts[r] for r in g.origins]
         waiters = {r for e in g.edges for r in e.waiters}  # in a collective frame, or spinning (GPU shape)
@@ -396,8 +463,12 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
         found = attribute(job, origins, witnesses, "collectives of their process groups", len(acts), window,
                           decisive_only=False)
         found = [replace(i, evidence=i.evidence + tuple(ev)) for i in found]
-        kept = [i for i in incidents if not (i.kind == HANG and i.status != ATTR)]
-        return kept + found, [f"origin found by following the wait-for graph ({len(g.edges)} edges)"]
+        kept = [i for i in incidents if i not in named and not (i.kind == HANG and i.status != ATTR)]
+        notes = [f"origin found by following the wait-for graph ({len(g.edges)} edges)"]
+        if named:
+            notes.append(f"rank(s) {', '.join(map(str, sorted(named_ranks & in_frame)))} named by the peer groups "
+                         "wait for the origin in a collective of their process group: witnesses, not origins")
+        return kept + found, notes
     out = []
     added = False
     for i in incidents:

@@ -36,6 +36,8 @@ from scout_sys.probes import Health
 
 LISTEN, ESTABLISHED = 10, 1
 QUIET_MS = 500  # a waiting rank's last send is at least this old
+WINDOW_END = 1.0  # s without a call: the next one ends a window (the watch polls every 0.5 s)
+LATE_WRITE_MS = 50  # an answered send written this much after the wait's own send (see current_groups)
 
 
 @dataclass(frozen=True)
@@ -262,29 +264,46 @@ def learn(socks: Mapping[int, Sequence[tuple[int, int]]], table: Mapping[int, So
 
 
 def current_groups(learned: Learned, socks: Mapping[int, Sequence[tuple[int, int]]],
-                   table: Mapping[int, Sock], quiet_ms: int = QUIET_MS) -> dict[int, int]:
+                   table: Mapping[int, Sock], quiet_ms: int = QUIET_MS,
+                   ties: dict[int, tuple[int, ...]] | None = None) -> dict[int, int]:
     """rank -> the group its most recent send went to, when that send is at least ``quiet_ms``
-    old and names one group (ties broken by sends left unanswered since)."""
+    old and names one group.
+
+    The send a waiting rank made into its wait is *unanswered*: the awaited peer has not spoken
+    since. An answered send can look a few ms newer (Gloo's IO thread may write the end of a
+    finished collective late, on a loaded machine), so unanswered sends within ``LATE_WRITE_MS`` of
+    the newest one are taken first. Sends of one step often fall in one tick of the clock (4 ms): a
+    tie of unanswered sends goes to the peer heard from longest ago (a completed send had its
+    receiver's ready notice just before it; the peer of the collective a rank waits in last spoke in
+    an earlier call). A tie left between known groups (or answered sends in one tick) goes to
+    ``ties`` (rank -> the candidate groups), not to the result."""
     out: dict[int, int] = {}
     for rank, fds in socks.items():
-        latest: list[tuple[int, int | None, bool]] = []  # (ms since sent, group or None, unanswered)
+        latest: list[tuple[int, int | None, bool, int]] = []  # (ms since sent, group, unanswered, ms since heard)
         for fd, ino in fds:
             s = table.get(ino)
             if s is None or s.state != ESTABLISHED or s.last_sent_ms is None or s.last_recv_ms is None:
                 continue
             # a socket of no known group counts too: a newest send there names no group
-            latest.append((s.last_sent_ms, learned.group_of.get((rank, fd)), s.last_sent_ms < s.last_recv_ms))
+            latest.append((s.last_sent_ms, learned.group_of.get((rank, fd)), s.last_sent_ms < s.last_recv_ms,
+                           s.last_recv_ms))
         if not latest:
             continue
-        newest = min(t for t, _, _ in latest)
+        newest = min(t for t, _, _, _ in latest)
         if newest < quiet_ms:
             continue
-        tied = [(g, un) for t, g, un in latest if t == newest]
+        pending = [x for x in latest if x[2] and x[0] <= newest + LATE_WRITE_MS]
+        pool = pending or latest
+        first = min(t for t, _, _, _ in pool)
+        tied = [(g, heard) for t, g, _, heard in pool if t == first]
         gs = {g for g, _ in tied}
-        if len(gs) > 1:
-            gs = {g for g, un in tied if un}
+        if len(gs) > 1 and pending:
+            oldest = max(heard for _, heard in tied)
+            gs = {g for g, heard in tied if heard == oldest}
         if len(gs) == 1 and None not in gs:
             out[rank] = gs.pop()  # type: ignore[assignment]
+        elif len(gs) > 1 and None not in gs and ties is not None:
+            ties[rank] = tuple(sorted(gs))  # type: ignore[arg-type]
     return out
 
 
@@ -301,6 +320,7 @@ class ProcessGroupProbe:
         self.every = every  # seconds between two reads (a watch polls twice a second)
         self._job: Job | None = None
         self._last = float("-inf")
+        self._called = float("-inf")
         self._notes: tuple[str, ...] = ()
 
     def check(self) -> str | None:
@@ -317,20 +337,26 @@ class ProcessGroupProbe:
     def sample(self, now: float | None = None) -> list[Observation]:
         job = self._job
         t = time.monotonic()
-        if job is None or t - self._last < self.every:
+        # Polled (called again within WINDOW_END s): read every ``every`` s. A call after a longer quiet
+        # ends a window (diagnose, the watch's confirmation): read now, or the graph would judge the
+        # ranks' waits by a read from before they began.
+        polled, self._called = t - self._called < WINDOW_END, t
+        if job is None or (polled and t - self._last < self.every):
             return []
         self._last = t
         socks = {r.rank: socket_fds(r.pid, self.proc) for r in job.ranks}
         table, timed = tcp_table()
         ports = {p for p in (store_port(r.pid, self.proc) for r in job.ranks) if p is not None}
         learned = learn(socks, table, ports)
-        waits = current_groups(learned, socks, table) if timed else {}
+        ties: dict[int, tuple[int, ...]] = {}
+        waits = current_groups(learned, socks, table, ties=ties) if timed else {}
         notes = list(learned.notes)
         if not timed:
             notes.append("sock_diag unavailable: which group a rank waits in is unknown (groups from /proc/net/tcp)")
         self._notes = tuple(notes)
         return [ProcessGroupSample(time=time.time() if now is None else now, groups=learned.groups,
                                    partial=learned.partial, waits_in=tuple(sorted(waits.items())),
+                                   waits_in_one_of=tuple(sorted(ties.items())),
                                    notes=tuple(notes))]
 
     def close(self) -> None:
