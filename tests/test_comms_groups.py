@@ -3,7 +3,7 @@ GPU-shaped waits they give the wait-for graph (consensus/waitfor.py), on synthet
 
 from __future__ import annotations
 
-from scout_sys.consensus import learned, waitfor
+from scout_sys.consensus import learned, waitfor, waitresolve
 from scout_sys.consensus.hang import Activity
 from scout_sys.model import ProcessGroupSample
 from scout_sys.probes.ebpf.commgroups import (
@@ -96,7 +96,7 @@ def test_gpu_shaped_waits_follow_the_sequence_to_the_origin():
     c = learn(layout())
     s = _sample(c, _hung_rank_2(c))
     acts = _acts({0: "busy", 1: "idle", 2: "idle", 3: "busy"})
-    waits, groups = waitfor.from_activities(acts, s)
+    waits, groups = waitresolve.from_activities(acts, s)
     g = waitfor.analyze(waits, groups)
     assert (g.status, g.origins) == (waitfor.ATTRIBUTED, (2,))
     assert {(e.waiters, e.awaited, e.members) for e in g.edges} == {
@@ -119,7 +119,7 @@ def test_both_sources_merge_into_one_model():
     c = learn(layout())
     nccl = _sample(c, _hung_rank_2(c))
     gloo = ProcessGroupSample(time=9.0, groups=((0, 1, 2, 3),), waits_in=((1, 0),))
-    m = waitfor.latest_groups([gloo, nccl])
+    m = waitresolve.latest_groups([gloo, nccl])
     assert m.groups == c.groups and m.source == "ebpf-comms+procfs"
     assert dict(m.waits_in) == {1: 0}
     assert {m.groups[g] for _r, g, _n in m.seqs} == {(0, 1), (2, 3), (0, 2), (1, 3)}

@@ -132,7 +132,7 @@ def _acts(states: dict[int, str], labels: dict[int, str]):
 
 def _resolve(sample, acts):
     from scout_sys.consensus.hang import _attribute
-    from scout_sys.consensus.waitfor import resolve
+    from scout_sys.consensus.waitresolve import resolve
     from scout_sys.model import HANG, INCONCLUSIVE, Incident
 
     before = [Incident(HANG, INCONCLUSIVE, (), ("h0",), 0.0, "no strict majority")]
@@ -208,7 +208,7 @@ MIX = ((0, 1, 2, 3, 4, 5, 6, 7), (0, 4), (0, 2), (0, 1), (1, 5), (1, 3), (2, 6),
 
 
 def test_a_tie_between_groups_is_kept_when_every_choice_ends_at_one_origin():
-    from scout_sys.consensus.waitfor import analyze_sample
+    from scout_sys.consensus.waitresolve import analyze_sample
     from scout_sys.model import ProcessGroupSample
 
     # rank 3 sent last to {3, 7} and {2, 3} in one tick: either way its chain ends at rank 6
@@ -230,7 +230,7 @@ def test_a_tie_between_groups_is_kept_when_every_choice_ends_at_one_origin():
 
 def test_resolve_adds_the_graph_to_an_agreeing_verdict_and_replaces_one_that_names_a_waiter():
     from scout_sys.consensus.hang import _attribute
-    from scout_sys.consensus.waitfor import resolve
+    from scout_sys.consensus.waitresolve import resolve
     from scout_sys.model import DESYNC, HANG, Incident, ProcessGroupSample
 
     gi = {m: i for i, m in enumerate(MIX)}

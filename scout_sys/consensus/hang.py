@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from scout_sys.consensus import c3, waitfor
+from scout_sys.consensus import c3, waitresolve
 from scout_sys.consensus import groups as peer_groups
 from scout_sys.consensus.patterns import CollectiveWait, collective_of
 from scout_sys.model import (
@@ -276,7 +276,7 @@ def analyze_activities(job: Job, acts: dict[int, Activity], *, window: tuple[flo
         notes += nts
     incidents, nts = peer_groups.across(job, groups, found, acts, _analyze_group, window, layout)
     # No origin from the peer-group vote: follow who waits for whom over the learned process groups.
-    incidents, wf_notes = waitfor.resolve(job, obs, acts, incidents, _attribute, window)
+    incidents, wf_notes = waitresolve.resolve(job, obs, acts, incidents, _attribute, window)
     return incidents, acts, notes + nts + wf_notes
 
 

@@ -35,11 +35,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
 
-from scout_sys.consensus.waitfor import latest_groups, learned_from
+from scout_sys.consensus.waitresolve import latest_groups, learned_from
 from scout_sys.model import Job, Observation
 from scout_sys.topology import Layout
 
-LEARNED = "process groups learned from"  # + what learned them (consensus/waitfor.learned_from)
+LEARNED = "process groups learned from"  # + what learned them (consensus/waitresolve.learned_from)
 _NAMES = {2: ("tp", "dp"), 3: ("tp", "dp", "pp")}
 SAME_WORK = frozenset({"dp", "tp", "cp"})  # coordinates whose ranks do equal work
 
