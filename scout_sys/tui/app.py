@@ -32,15 +32,14 @@ from scout_sys.model import Diagnosis, Incident
 from scout_sys.report import printable, render
 from scout_sys.text import agent_event, compress
 from scout_sys.tui.chains import chains_text
+from scout_sys.tui.grid import Cell, RankGrid
 from scout_sys.tui.source import Source, save_report
 from scout_sys.tui.state import category, group_stacks, parse_filter, peer_blocks, peers_title, suspects
 from scout_sys.tui.widgets import (
-    Cell,
     DevicePanel,
     HeaderBar,
     IncidentTree,
     Legend,
-    RankGrid,
     StackTree,
     TextScreen,
     TimingPanel,
