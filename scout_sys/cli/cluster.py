@@ -26,7 +26,7 @@ def _cluster_options(p: argparse.ArgumentParser, verb: str = "diagnose") -> None
     p.add_argument("--cluster", metavar="HOST:PORT", default=None,
                    help=f"{verb} the whole job through the agents whose store is at HOST:PORT (docs/cluster.md)"
                    + ("; the dashboard groups ranks by host; --interval (at least 1 s), --stall-after, --state-dir "
-                      "and the cluster's tooling apply, the probe options are the agents'" if verb == "watch" else ""))
+                      "and the metrics and alerts options apply, the probe options are the agents'" if verb == "watch" else ""))
     p.add_argument("--token-file", metavar="FILE", default=None,
                    help="with --cluster: the file holding the agents' shared token (never pass the token itself)")
 

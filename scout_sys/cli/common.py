@@ -24,4 +24,5 @@ def _job_options(p: argparse.ArgumentParser, *, required: bool = True, topology:
                    help="the parallel layout, e.g. dp=4,pp=2 or dp=2,tp=2,pp=2,order=megatron (orders: mesh "
                         "(default: as written, last fastest), megatron, deepspeed, torchtitan; see "
                         "docs/layouts.md). Default: read from Megatron-Core / DeepSpeed / TorchTitan command "
-                        "lines, else peer groups from the ranks' activity")
+                        "lines, else read from the process groups learned from the ranks (their TCP connections; "
+                        "NCCL communicator creation, eBPF, when watched from the start), else guessed from the ranks' activity")

@@ -34,10 +34,10 @@ SIGINT / SIGTERM stop the watch cleanly (probes detached).
 """
 
 
-# ---------------------------------------------------------------- watch: the cluster's tooling (exporters/)
+# ---------------------------------------------------------------- watch: metrics and alerts (exporters/)
 _EXPORT_EPILOG = """\
 
-the cluster's tooling (docs/metrics.md, examples/):
+metrics and alerts (docs/metrics.md, examples/):
   sudo scout-sys watch --job 12345 --prometheus 9464 --job-name llama-70b   # /metrics for Prometheus
   sudo scout-sys watch --job 12345 --headless --on-incident examples/on-incident.sh --on-incident-user root
   sudo scout-sys watch --job 12345 --events /var/log/scout-sys/events.jsonl  # the dashboard, and a log
@@ -48,7 +48,7 @@ they run as nobody unless --on-incident-user says otherwise. Bundles, reports an
 
 
 def _export_options(w: argparse.ArgumentParser) -> None:
-    g = w.add_argument_group("the cluster's tooling")
+    g = w.add_argument_group("metrics and alerts")
     g.add_argument("--prometheus", metavar="[ADDR:]PORT",
                    help="serve Prometheus metrics on http://ADDR:PORT/metrics (ADDR default: all interfaces)")
     g.add_argument("--job-name", metavar="NAME", help="the metrics' job label (default: the launcher's pid; with --cluster the store's HOST:PORT)")
