@@ -481,8 +481,9 @@ class Fingerprint:
 class CollectiveSample:
     """Where one rank is in one process group's collective sequence (probe: ebpf collectives).
 
-    ``group`` is comparable across ranks: ``"gloo:0"`` is the first Gloo group this rank used, and so
-    on (groups are numbered in the order each rank first called a collective on them).
+    ``group``: ``"gloo:0"`` is the first Gloo group this rank was seen calling, and so on (each rank
+    numbers its groups in the order the probe first saw them called; ``consensus.desync.align`` makes
+    the numbers agree across ranks before they are compared).
     """
 
     time: float

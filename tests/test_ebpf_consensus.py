@@ -23,9 +23,9 @@ def job(n: int) -> Job:
 
 
 def sample(rank: int, fps: list[Fingerprint], *, inside: bool = False, t: float = 100.0,
-           enter: float | None = None) -> CollectiveSample:
+           enter: float | None = None, group: str = "gloo:0") -> CollectiveSample:
     last = fps[-1] if fps else None
-    return CollectiveSample(time=t, rank=rank, pid=1000 + rank, backend="gloo", group="gloo:0",
+    return CollectiveSample(time=t, rank=rank, pid=1000 + rank, backend="gloo", group=group,
                             seq=last.seq if last else 0, completed=None, inside=inside,
                             last_enter=enter if enter is not None else (last.time if last else None),
                             last_exit=None, last=last, recent=tuple(fps))
@@ -67,6 +67,50 @@ def test_rank_behind_while_majority_waits() -> None:
     obs.append(sample(2, [ar(s) for s in range(1, 8)], inside=False))
     (inc,) = desync.analyze(job(4), obs)
     assert (inc.kind, inc.ranks) == (DESYNC, (2,)) and "behind" in inc.summary and inc.since == 50.0
+
+
+def _two_groups(swapped: tuple[int, ...], odd: int | None = None) -> list[CollectiveSample]:
+    """Each rank calls a tp group (64 elements) and a dp group (4160); a probe attached mid-step saw
+    the ranks in ``swapped`` first in their dp group, so they number it gloo:0. ``odd`` broadcast
+    instead of its 7th tp all-reduce."""
+    obs = []
+    for r in range(4):
+        tp = [ar(s, count=64, op="broadcast" if (r == odd and s == 7) else "allreduce") for s in range(5, 9)]
+        dp = [ar(s) for s in range(5, 9)]
+        first, second = (dp, tp) if r in swapped else (tp, dp)
+        obs += [sample(r, first, group="gloo:0"), sample(r, second, group="gloo:1")]
+    return obs
+
+
+def test_groups_numbered_in_another_order_are_aligned_by_their_calls() -> None:
+    aligned = desync.align(desync.latest(_two_groups(swapped=(1, 3))))
+    for r in range(4):
+        assert aligned[("gloo:0", r)].last.count == 64 and aligned[("gloo:1", r)].last.count == 4160
+        assert aligned[("gloo:0", r)].group == "gloo:0"
+    assert desync.analyze(job(4), _two_groups(swapped=(1, 3))) == []
+
+
+def test_desync_named_when_a_late_probe_numbered_the_groups_differently() -> None:
+    # without the alignment gloo:0 holds two tp and two dp sequences: a 2-2 tie, nobody named
+    (inc,) = desync.analyze(job(4), _two_groups(swapped=(1, 2), odd=2))
+    assert (inc.kind, inc.status, inc.ranks) == (DESYNC, ATTRIBUTED, (2,)) and "broadcast" in inc.summary
+
+
+def test_a_group_whose_number_another_took_is_never_compared() -> None:
+    # ranks 0, 2, 3: tp, dp, and a third group (1-element all-reduces); rank 1 saw a group of its own
+    # first (an all-gather nobody else called), then tp and dp
+    obs = []
+    for r in (0, 2, 3):
+        obs += [sample(r, [ar(s, count=64) for s in range(5, 9)], group="gloo:0"),
+                sample(r, [ar(s) for s in range(5, 9)], group="gloo:1"),
+                sample(r, [ar(s, count=1) for s in range(1, 3)], group="gloo:2")]
+    obs += [sample(1, [ar(1, count=7, op="allgather")], group="gloo:0"),
+            sample(1, [ar(s, count=64) for s in range(5, 9)], group="gloo:1"),
+            sample(1, [ar(s) for s in range(5, 9)], group="gloo:2")]
+    aligned = desync.align(desync.latest(obs))
+    assert aligned[("gloo:0", 1)].last.count == 64 and aligned[("gloo:1", 1)].last.count == 4160
+    assert aligned[("gloo:0@1", 1)].last.op == "allgather" and ("gloo:2", 1) not in aligned
+    assert desync.analyze(job(4), obs) == []
 
 
 def test_skew_without_waiting_majority_is_not_desync() -> None:

@@ -13,11 +13,20 @@ process group (``gloo:0``, ``nccl:1``, ...), using each rank's latest sample:
 
 No strict majority: one ``inconclusive`` incident with every rank's evidence. Point-to-point calls
 (send / recv) are not part of the sequence. Pure: no I/O, no clocks.
+
+Each rank numbers its process groups (``gloo:0``, ``gloo:1``, ...) in the order the probe first saw
+them called. A probe attached to a running job sees each rank first somewhere else in its step (one in
+its tensor-parallel all-reduce, another in the data-parallel one), so the numbers are first *aligned*
+(:func:`align`): a rank's group takes the number of the reference rank's group whose calls it shares
+most (the op, size, dtype and reduction of its latest calls), the reference being the rank that sees the most
+groups.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 
 from scout_sys.consensus import c3
 from scout_sys.model import (
@@ -50,8 +59,58 @@ def latest(obs: Sequence[Observation]) -> dict[tuple[str, int], CollectiveSample
     return out
 
 
+SHAPE_CALLS = 6  # a group's latest calls that identify it across ranks
+
+
+def _shape(s: CollectiveSample) -> frozenset:
+    return frozenset([(f.op, f.count, f.dtype, f.redop) for f in s.recent[-SHAPE_CALLS:]])  # Fingerprint.key
+
+
+def align(samples: dict[tuple[str, int], CollectiveSample]) -> dict[tuple[str, int], CollectiveSample]:
+    """The same group under the same name on every rank (see the module's docstring). A rank's group
+    that shares no call with the reference's keeps its number, or, when another group of the rank took
+    that number, a name of its own (never compared). Ranks whose groups look alike are matched once."""
+    by_rank: dict[tuple[str, int], dict[str, CollectiveSample]] = defaultdict(dict)
+    for (pg, rank), smp in samples.items():
+        by_rank[(pg.split(":", 1)[0], rank)][pg] = smp
+    out: dict[tuple[str, int], CollectiveSample] = {}
+    for backend in sorted({b for b, _ in by_rank}):
+        ranks = sorted(r for b, r in by_rank if b == backend)
+        ref_rank = max(ranks, key=lambda r: (len(by_rank[(backend, r)]), -r))
+        ref = {pg: _shape(smp) for pg, smp in by_rank[(backend, ref_rank)].items()}
+        seen: dict[tuple, dict[str, str]] = {}
+        for r in ranks:
+            mine = by_rank[(backend, r)]
+            shapes = tuple(sorted((pg, _shape(smp)) for pg, smp in mine.items()))
+            if shapes not in seen:
+                seen[shapes] = {pg: pg for pg in mine} if r == ref_rank else _match(dict(shapes), ref)
+            names = seen[shapes]
+            for pg, smp in mine.items():
+                name = names.get(pg, f"{pg}@{r}")
+                out[(name, r)] = smp if name == pg else replace(smp, group=name)
+    return out
+
+
+def _match(mine: dict[str, frozenset], ref: dict[str, frozenset]) -> dict[str, str]:
+    """Greedy: the pairs sharing most calls first; ties keep a group's own number."""
+    scored = []
+    for pg, calls in mine.items():
+        for rpg, rcalls in ref.items():
+            shared = len(calls & rcalls)
+            if shared:
+                scored.append((-shared / len(calls | rcalls), rpg != pg, pg, rpg))
+    names: dict[str, str] = {}
+    for _score, _moved, pg, rpg in sorted(scored):
+        if pg not in names and rpg not in names.values():
+            names[pg] = rpg
+    for pg in mine:  # shares no call with any: its own number, unless another group took it
+        if pg not in names and pg not in names.values():
+            names[pg] = pg
+    return names
+
+
 def analyze(job: Job, obs: Sequence[Observation], *, min_wait: float = MIN_WAIT) -> list[Incident]:
-    samples = latest(obs)
+    samples = align(latest(obs))
     out: list[Incident] = []
     for pg in sorted({g for g, _ in samples}):
         for peers in job.groups():
