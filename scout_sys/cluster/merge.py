@@ -19,6 +19,7 @@ from typing import Any
 from scout_sys.consensus import desync, hang, hardware, lifecycle
 from scout_sys.consensus.hang import Activity
 from scout_sys.model import Diagnosis, Job, Observation, Rank
+from scout_sys.text import ranks_text
 
 ANSWERED = "answered"
 
@@ -51,13 +52,6 @@ class AgentState:
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "host": self.host, "state": self.state, "detail": self.detail,
                 "ranks": list(self.ranks)}
-
-
-def ranks_text(ranks: Sequence[int]) -> str:
-    rs = sorted(ranks)
-    if len(rs) > 8:
-        return f"{len(rs)} ranks ({', '.join(map(str, rs[:6]))}, ...)"
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
 
 
 def merge_job(answers: Sequence[Answer], world_size: int, source: str) -> Job:
