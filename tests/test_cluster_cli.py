@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from scout_sys.demo.launch import free_port
 from tests.conftest import scout
@@ -33,3 +34,38 @@ def test_token_file_problems_and_bad_addresses(tmp_path):
     (tmp_path / "good").write_text(os.urandom(32).hex())
     assert "not within --nnodes" in _one_line(scout("agent", "--job", "1", "--store", "127.0.0.1:1", "--nnodes", "2",
                                                     "--node-rank", "2", "--token-file", str(tmp_path / "good")))
+
+
+def test_an_agent_started_before_its_leader_joins_and_never_says_rejoined():
+    """srun starts every host's agent at once: a follower may reach the store before the leader wrote
+    the run record. It waits, then *joins*; "rejoined" is only for a store that came back."""
+    import threading
+
+    from scout_sys.cluster import wire
+    from scout_sys.cluster.agent import Agent
+    from scout_sys.cluster.store import Store
+
+    port, token = free_port(), os.urandom(32)
+    server = Store("127.0.0.1", port, serve=True)  # the leader's store, before its run record
+    said: list[str] = []
+    agent = Agent("999999999", ("127.0.0.1", port), nnodes=2, node_rank=1, token=token, host_name="b",
+                  ebpf=False, say=said.append)
+    stop = threading.Event()
+    t = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not any("no run record yet" in s for s in said) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any("no run record yet" in s for s in said), said
+        server.set(wire.RUN, wire.seal(token, wire.RUN, "ab" * 16, {"nnodes": 2, "time": time.time(),
+                                                                      "store": f"127.0.0.1:{port}"}))
+        while not any("joined the store" in s for s in said) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(s.startswith("joined the store at 127.0.0.1") and "as node 1 (run abababab)" in s
+                   for s in said), said
+        assert not any("rejoined" in s for s in said), said
+    finally:
+        stop.set()
+        t.join(10)
+        server.close()

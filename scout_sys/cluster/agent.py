@@ -71,6 +71,7 @@ class Agent:
         self._last_hb = 0.0
         self._forged = 0
         self._lost = False  # the store is unreachable and we said so
+        self._joined = False  # we have been in this store's run before (a later join is a rejoin)
         self._procs: list[ProcSample] | None = None  # the last heartbeat's /proc samples
         self._gap: dict[int, float] = {}  # request id -> when we first found it counted but not written
         self._last_find = -FIND_EVERY
@@ -99,11 +100,12 @@ class Agent:
                                "(wrong --token-file, or another job's store)") from None
             self.store, self.nonce = store, body["nonce"]
         self._last_req = self.store.add(wire.REQS, 0)  # answer what comes from now on
-        if self._lost:
+        if self._lost and self._joined:
             self.say(f"store {self.host}:{self.port} is back: rejoined (run {self.nonce[:8]})")
         elif self.node != 0:
+            # the first join, even after waiting for a leader that was still starting
             self.say(f"joined the store at {self.host}:{self.port} as node {self.node} (run {self.nonce[:8]})")
-        self._lost = False
+        self._lost, self._joined = False, True
 
     def _run_record(self) -> bytes:
         assert self.nonce is not None
