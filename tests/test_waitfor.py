@@ -155,6 +155,29 @@ def test_resolve_names_the_origin_with_chains_and_edges():
     assert notes and "wait-for graph" in notes[0]
 
 
+def test_resolve_marks_a_stall_whose_waits_all_lead_to_a_progressing_rank_as_a_pause():
+    """Waits still spreading out from a fault (or a rank catching up): every chain ends at a rank that
+    moved within the window. The stall stays inconclusive, never names the waiters, and carries the
+    ``paused_on`` evidence a watch holds back for one window."""
+    from scout_sys.consensus.waitresolve import PAUSED_ON
+    from scout_sys.model import ProcessGroupSample
+
+    groups = ((0, 1, 2, 3), (0, 2), (1, 3), (2, 3))
+    sample = ProcessGroupSample(time=1.0, groups=groups, waits_in=((0, 1), (1, 2), (3, 3)))
+    acts = _acts({0: "waiting", 1: "waiting", 2: "running", 3: "waiting"},
+                 {0: "t.py:67", 1: "t.py:67", 3: "mappings.py:9"})
+    incidents, notes = _resolve(sample, acts)
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("hang", "inconclusive", ())]
+    [pause] = [e for e in incidents[0].evidence if PAUSED_ON in e.data]
+    assert pause.data[PAUSED_ON] == [2] and "still progressing" in pause.text and pause.data["wait_for"]
+    assert notes == ["the waiting ranks wait for rank 2, still progressing"]
+    # the same waits with rank 2 idle: the origin, no pause
+    acts[2] = _acts({2: "idle"}, {})[2]
+    incidents, _ = _resolve(sample, acts)
+    assert [(i.status, i.ranks) for i in incidents] == [("attributed", (2,))]
+    assert not any(PAUSED_ON in e.data for e in incidents[0].evidence)
+
+
 def test_resolve_never_names_through_a_group_with_members_elsewhere():
     from scout_sys.model import ProcessGroupSample
 

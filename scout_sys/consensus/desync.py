@@ -11,7 +11,8 @@ process group (``gloo:0``, ``nccl:1``, ...), using each rank's latest sample:
    ``#n`` for at least ``min_wait`` seconds, C3 votes on the sequence positions: ranks at another
    position are behind (they have not reached ``#n``) or ahead.
 
-No strict majority: one ``inconclusive`` incident with every rank's evidence. Point-to-point calls
+No strict majority: one ``inconclusive`` incident with every rank's evidence, once every rank of the
+peer group has a sample (until then a missing rank could make the majority: nothing is said yet). Point-to-point calls
 (send / recv) are not part of the sequence. Pure: no I/O, no clocks.
 
 Each rank numbers its process groups (``gloo:0``, ``gloo:1``, ...) in the order the probe first saw
@@ -116,7 +117,7 @@ def analyze(job: Job, obs: Sequence[Observation], *, min_wait: float = MIN_WAIT)
         for peers in job.groups():
             group = {r: samples[(pg, r)] for r in peers if (pg, r) in samples}
             if len(group) >= 2:
-                out.extend(_analyze(job, pg, group, min_wait))
+                out.extend(_analyze(job, pg, group, min_wait, len(peers)))
     return out
 
 
@@ -132,7 +133,7 @@ def _fp_evidence(rank: int, s: CollectiveSample, f: Fingerprint | None, note: st
     return Evidence("ebpf", text, rank=rank, data=data)
 
 
-def _analyze(job: Job, pg: str, group: dict[int, CollectiveSample], min_wait: float) -> list[Incident]:
+def _analyze(job: Job, pg: str, group: dict[int, CollectiveSample], min_wait: float, peers: int) -> list[Incident]:
     hosts = lambda ranks: tuple(sorted({job.host_of(r) for r in ranks}))  # noqa: E731
     by_seq = {r: {f.seq: f for f in s.recent} for r, s in group.items()}
 
@@ -154,6 +155,8 @@ def _analyze(job: Job, pg: str, group: dict[int, CollectiveSample], min_wait: fl
                 summary=(f"{ranks_text(v.minority)} called a different collective at {pg} #{pos}: "
                          f"{diff}; the other {len(v.majority)} called {maj.describe()}"),
                 evidence=tuple(ev))]
+        if len(group) < peers:
+            return []  # a peer whose calls are not seen yet could make the majority: judge it later
         return [Incident(
             kind=DESYNC, status=INCONCLUSIVE, ranks=(), hosts=hosts(group),
             since=min(by_seq[r][pos].time for r in group),

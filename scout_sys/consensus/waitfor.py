@@ -48,6 +48,7 @@ _WHY = {
     TIE: "a group whose members wait in different collectives with no strict majority",
 }
 MAX_CHAINS = 8  # representative chains kept for people
+PAUSE = _WHY[PROGRESS]  # a graph of status NONE with this reason: every chain ends at a progressing rank
 
 
 @dataclass(frozen=True)

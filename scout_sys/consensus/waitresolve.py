@@ -13,9 +13,20 @@ from dataclasses import replace
 from typing import Any
 
 from scout_sys.consensus import learned
-from scout_sys.consensus.waitfor import ATTRIBUTED, NONE, Graph, Wait, analyze, chain_text, members_text
+from scout_sys.consensus.waitfor import (
+    ATTRIBUTED,
+    NONE,
+    PAUSE,
+    Graph,
+    Wait,
+    analyze,
+    chain_text,
+    members_text,
+)
+from scout_sys.text import ranks_text
 
 ELSEWHERE_RANK = -1  # stands for the members of a group that run on other hosts
+PAUSED_ON = "paused_on"  # evidence data: the progressing ranks every chain of waits ends at
 _SOURCES = {"procfs": "the ranks' TCP connections", "ebpf-comms": "NCCL communicator creation (eBPF)"}
 
 
@@ -101,6 +112,21 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
     if sample is None or not (stalled or named):
         return incidents, []
     g, waits, tie_note = analyze_sample(acts, sample)
+    if g.status == NONE and g.edges and g.reason == PAUSE and not named:
+        # Every chain of waits ends at a rank that is still moving: a rank catching up, the waits still
+        # spreading out from an origin on a loaded machine, or a rank that loops elsewhere and never
+        # comes. One window cannot tell these apart: the stall stays inconclusive, and says so in
+        # evidence a watch reads (PAUSED_ON: it opens the incident only if the next window agrees).
+        moving = sorted({c[-1] for c in g.chains} or {r for r, w in waits.items() if w.state == "running"})
+        pause = Evidence("procfs", f"wait-for: every chain of waits ({len(g.edges)} edges) ends at "
+                         f"{ranks_text(moving)}, still progressing: a pause so far, not yet a hang",
+                         data={PAUSED_ON: moving, "wait_for": g.edges_json()})
+        out, added = [], False
+        for i in incidents:
+            if i.kind == HANG and i.status != ATTR and not added:
+                i, added = replace(i, evidence=i.evidence + (pause,)), True
+            out.append(i)
+        return out, ([f"the waiting ranks wait for {ranks_text(moving)}, still progressing"] if added else [])
     if g.status == NONE:
         return incidents, []
     if named and g.status != ATTRIBUTED:
