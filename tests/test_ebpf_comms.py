@@ -49,8 +49,12 @@ def probe():
 def _job(start_job, *args: str):
     job = start_job(4, script=SCRIPT, args=["--lib", str(LIB), *args])
     job.wait_for(r"NCCLJOB created", timeout=120, count=4)
-    handles = {int(m.group(1)): {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
-               for m in re.finditer(r"NCCLJOB created rank=(\d) (.*)", job.log())}
+    # the ranks share one log: another rank's line may follow this one's text before its newline
+    # (print writes the text and the end apart under PYTHONUNBUFFERED), so read exactly its fields
+    line = r"NCCLJOB created rank=(\d) world=(\d+) tp=(\d+) dp=(\d+) trio=(\d+)"
+    handles = {int(m.group(1)): dict(zip(("world", "tp", "dp", "trio"), map(int, m.groups()[1:]), strict=True))
+               for m in re.finditer(line, job.log())}
+    assert sorted(handles) == [0, 1, 2, 3], job.log()
     return job, handles
 
 

@@ -62,6 +62,15 @@ def test_no_majority_is_inconclusive() -> None:
     assert inc.status == INCONCLUSIVE and inc.ranks == ()
 
 
+def test_no_majority_among_the_ranks_seen_so_far_waits_for_the_others() -> None:
+    """Two of four ranks sampled yet (the probe's first read, a loaded machine): one against one is no
+    verdict, since the two not seen could make the majority; with them seen, the odd one is named."""
+    first = [sample(0, [ar(7), ar(8)]), sample(2, [ar(7), ar(8, op="broadcast")])]
+    assert desync.analyze(job(4), first) == []
+    (inc,) = desync.analyze(job(4), first + [sample(r, [ar(7), ar(8)]) for r in (1, 3)])
+    assert (inc.status, inc.ranks) == (ATTRIBUTED, (2,))
+
+
 def test_rank_behind_while_majority_waits() -> None:
     obs = [sample(r, [ar(s) for s in range(1, 9)], inside=True, enter=50.0) for r in (0, 1, 3)]
     obs.append(sample(2, [ar(s) for s in range(1, 8)], inside=False))

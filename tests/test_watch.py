@@ -54,7 +54,8 @@ class WatchCli:
             if self.proc.poll() is not None and not self._t.is_alive():
                 break
             time.sleep(0.2)
-        raise AssertionError(f"no such event in {timeout}s; got {self.events}; stderr: "
+        got = "".join(self.lines[-40:]) if self.human else self.events
+        raise AssertionError(f"no such event in {timeout}s; got {got}; stderr: "
                              f"{self.proc.stderr.read() if self.proc.poll() is not None else ''}")
 
     def stop(self) -> int:

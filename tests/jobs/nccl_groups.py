@@ -112,8 +112,10 @@ def main() -> int:
         lib.ncclCommSplit(world_comm, NOCOLOR if rank == 3 else 5, -rank, ctypes.byref(ctypes.c_void_p(trio_comm.value)),
                           None),
     ]
-    print(f"NCCLJOB created rank={rank} world={world_comm.value} tp={tp_comm.value} dp={dp_comm.value} "
-          f"trio={trio_comm.value} rcs={','.join(map(str, rcs))}", flush=True)
+    # one write, newline included: the ranks share the log (print writes the end apart when unbuffered)
+    sys.stdout.write(f"NCCLJOB created rank={rank} world={world_comm.value} tp={tp_comm.value} dp={dp_comm.value} "
+                     f"trio={trio_comm.value} rcs={','.join(map(str, rcs))}\n")
+    sys.stdout.flush()
     buf = (ctypes.c_float * 64)()
     b = ctypes.c_void_p(ctypes.addressof(buf))
     step = 0
