@@ -161,7 +161,7 @@ def test_watch_of_a_job_that_ends_cleanly_exits_0(start_job, human_watch, tmp_pa
     rc = w.proc.wait(timeout=180)
     w._t.join(10)
     assert "SCOUT-DEMO done steps=120" in job.log()  # the job ran to its end
-    assert rc == 0, (w.lines, w.proc.stderr.read())
+    assert rc == 0, (w.lines, w.stderr())
     assert re.fullmatch(rf"watching 4 ranks \(4 on \S+\), launcher torchrun pid {job.pid}; Ctrl-C to stop\n",
                         w.lines[0]), w.lines
     assert w.lines[1:] == ["job ended\n"], w.lines

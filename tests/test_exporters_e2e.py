@@ -96,7 +96,7 @@ def test_scrape_hook_and_events_file_during_a_real_hang(start_job, watch_cli, tm
     assert stat.S_IMODE(os.stat(bundle).st_mode) == 0o700
     for name in os.listdir(bundle):
         assert stat.S_IMODE(os.stat(os.path.join(bundle, name)).st_mode) == 0o600, name
-    err = w.proc.stderr.read()
+    err = w.stderr()
     assert f"scout-sys: hook for {e['incident']['id']} incident_opened: exit 0" in err, err
 
 
@@ -115,7 +115,7 @@ def test_a_hanging_hook_is_killed_and_a_failing_one_reported_while_the_watch_goe
     w.wait_event(lambda e: e["event"] == "incident_closed" and e["incident"]["id"] == opened["incident"]["id"],
                  timeout=40)
     w.stop()
-    err = w.proc.stderr.read()
+    err = w.stderr()
     assert f"hook for {opened['incident']['id']} incident_opened: killed at its 2 s timeout" in err, err
     assert (f"hook for {opened['incident']['id']} incident_closed: exit 3 in " in err
             and "stderr: cannot reach the webhook" in err), err

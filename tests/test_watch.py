@@ -34,15 +34,32 @@ class WatchCli:
         self.human = human
         self.events: list[dict] = []
         self.lines: list[str] = []
+        self.errors: list[str] = []  # stderr, read as it comes: a full pipe would stall the watch
         self._t = threading.Thread(target=self._read, daemon=True)
         self._t.start()
+        self._te = threading.Thread(target=self._read_errors, daemon=True)
+        self._te.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line)
             if not self.human:
-                self.events.append(json.loads(line))
+                try:
+                    self.events.append(json.loads(line))
+                except ValueError:
+                    self.errors.append(f"(not JSON on stdout) {line}")
+
+    def _read_errors(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.errors.append(line)
+
+    def stderr(self) -> str:
+        """What the watch wrote on stderr so far (all of it once it has exited)."""
+        if self.proc.poll() is not None:
+            self._te.join(10)
+        return "".join(self.errors)
 
     def wait_event(self, pred, timeout: float) -> dict:
         """The first event (human: printed line) for which ``pred`` holds."""
@@ -55,8 +72,9 @@ class WatchCli:
                 break
             time.sleep(0.2)
         got = "".join(self.lines[-40:]) if self.human else self.events
-        raise AssertionError(f"no such event in {timeout}s; got {got}; stderr: "
-                             f"{self.proc.stderr.read() if self.proc.poll() is not None else ''}")
+        raise AssertionError(f"no such event in {timeout}s; got {got}; "
+                             f"{'exited ' + str(self.proc.returncode) if self.proc.poll() is not None else 'running'}; "
+                             f"stderr: {''.join(self.errors[-40:])}")
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -171,7 +189,7 @@ def test_healthy_job_watched_for_a_minute_opens_nothing(start_job, watch_cli, tm
     job.wait_steps(2)
     w = watch_cli(job.pid, "--state-dir", str(tmp_path))
     time.sleep(60)
-    assert w.proc.poll() is None, w.proc.stderr.read()
+    assert w.proc.poll() is None, w.stderr()
     assert w.events == []
     assert w.stop() == 0
 

@@ -40,7 +40,7 @@ def test_watch_started_with_torchrun_names_a_gpu_shaped_hang(start_job, tmp_path
             assert trigger[0]["trigger"] in ("collectives", "stack")  # the spinners' main threads never stop
     finally:
         assert w.stop() == 1
-    assert WAITING_TEXT.rstrip("…") in w.proc.stderr.read()  # it was started before any rank existed
+    assert WAITING_TEXT.rstrip("…") in w.stderr()  # it was started before any rank existed
 
 
 def test_watch_opens_the_inconclusive_incident_of_a_two_rank_hang(start_job, tmp_path):
@@ -86,10 +86,10 @@ def test_wait_ranks_bounds_the_wait():
 def test_healthy_job_started_with_the_watch_ends_with_exit_0(start_job, tmp_path):
     job = start_job(4, args=["--sync", "spin", "--steps", "120"])
     w = _watch(job.pid, "--state-dir", str(tmp_path), "--no-ebpf")
-    assert w.proc.wait(timeout=240) == 0, (w.events, w.proc.stderr.read())
+    assert w.proc.wait(timeout=240) == 0, (w.events, w.stderr())
     assert w.events == []  # and stdout held JSON lines only: the waiting message went to stderr
     assert "SCOUT-DEMO done" in job.log()
-    assert "waiting for the job's ranks" in w.proc.stderr.read()
+    assert "waiting for the job's ranks" in w.stderr()
 
 
 def test_dashboard_started_before_the_ranks_shows_the_culprit(tmp_path):
