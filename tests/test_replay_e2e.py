@@ -192,9 +192,11 @@ def _rank_of(pid: int) -> int:
 
 def test_sigint_leaves_no_worker_and_the_job_running(start_job, tmp_path):
     job = start(start_job)
+    # As from a terminal, where Ctrl-C is SIGINT at its default. A command started in the background by a
+    # non-interactive shell (a CI runner's `cmd &`) inherits SIGINT *ignored*, and Python keeps it so.
     p = subprocess.Popen([sys.executable, "-m", "scout_sys", "replay", "--job", str(job.pid), "--rounds", "1000",
                           "--state-dir", str(tmp_path), *SMALL], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+                         text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         end = time.time() + 180
         while len(workers_of(job)) < 4 and time.time() < end:
