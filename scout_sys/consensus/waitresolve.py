@@ -121,11 +121,7 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
         pause = Evidence("procfs", f"wait-for: every chain of waits ({len(g.edges)} edges) ends at "
                          f"{ranks_text(moving)}, still progressing: a pause so far, not yet a hang",
                          data={PAUSED_ON: moving, "wait_for": g.edges_json()})
-        out, added = [], False
-        for i in incidents:
-            if i.kind == HANG and i.status != ATTR and not added:
-                i, added = replace(i, evidence=i.evidence + (pause,)), True
-            out.append(i)
+        out, added = _add_to_stall(incidents, [pause])
         return out, ([f"the waiting ranks wait for {ranks_text(moving)}, still progressing"] if added else [])
     if g.status == NONE:
         return incidents, []
@@ -159,11 +155,19 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
             notes.append(f"rank(s) {', '.join(map(str, sorted(named_ranks & in_frame)))} named by the peer groups "
                          "wait for the origin in a collective of their process group: witnesses, not origins")
         return kept + found, notes
-    out = []
-    added = False
-    for i in incidents:
-        if i.kind == HANG and not added:
-            i = replace(i, evidence=i.evidence + tuple(ev))
-            added = True
-        out.append(i)
+    out, _ = _add_to_stall(incidents, ev)
     return out, [f"wait-for graph inconclusive: {g.reason}"]
+
+
+def _add_to_stall(incidents: Sequence[Any], ev: Sequence[Any]) -> tuple[list[Any], bool]:
+    """``incidents`` with ``ev`` added to the first unattributed hang (the stall no vote could place),
+    and whether there was one."""
+    from scout_sys.model import ATTRIBUTED as ATTR
+    from scout_sys.model import HANG
+
+    out, added = [], False
+    for i in incidents:
+        if i.kind == HANG and i.status != ATTR and not added:
+            i, added = replace(i, evidence=i.evidence + tuple(ev)), True
+        out.append(i)
+    return out, added
