@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from scout_sys.errors import NoRanks, TargetGone
@@ -206,22 +204,6 @@ def test_hang_watch_suspects_at_stall_after_and_backs_off_after_a_clean_window()
     assert h.decide(T0 + 3, 1.0, STACK, decisive=True, hang_open=False, learning=True).confirm  # a rank stopped
     assert h.decide(T0 + 4, 10.0, STACK, decisive=False, hang_open=False, learning=True).confirm  # twice as long
     assert h.decide(T0 + 6.1, 6.0, STACK, decisive=False, hang_open=False, learning=True).confirm  # quiet over
-
-
-def test_hang_watch_holds_back_a_first_pause_and_opens_when_the_next_window_agrees():
-    from scout_sys.consensus.waitresolve import PAUSED_ON
-
-    pause = Evidence("procfs", "every chain ends at rank 2, still progressing", data={PAUSED_ON: [2]})
-    paused = replace(_hang(0, status=INCONCLUSIVE), evidence=(pause,))
-    h = HangWatch(stall_after=5.0)
-    assert h.decide(T0, 6.0, STACK, decisive=False, hang_open=False, learning=True).confirm
-    h.confirmed(T0, found=True, stall=6.0)
-    assert h.held([paused], hang_open=False) == []  # a pause so far
-    assert h.decide(T0 + 0.5, 6.5, STACK, decisive=False, hang_open=False, learning=True).confirm  # look again now
-    assert h.held([paused], hang_open=False) == [paused]  # the next window agrees: open it
-    assert h.held([_hang(2)], hang_open=False) == [_hang(2)]  # an origin is never held back
-    assert h.held([paused], hang_open=False) == []  # a pause after something else: held again
-    assert h.held([paused], hang_open=True) == [paused]  # an open hang stays as the window says
 
 
 def test_hang_watch_reconfirms_an_open_hang_periodically_and_sooner_on_progress():

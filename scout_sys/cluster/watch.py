@@ -135,10 +135,7 @@ class ClusterWatcher:
         if d.confirm:
             self.last, self.cluster = client.diagnose(CONFIRM_WINDOW)
             found = list(self.last.incidents)
-            hangs = [i for i in found if i.kind in HANG_KINDS]
-            self.hang.confirmed(now, found=bool(hangs), stall=stall)
-            if hangs and not self.hang.held(hangs, hang_open=hang_open):  # a pause so far: look again
-                found = [i for i in found if i.kind not in HANG_KINDS]
+            self.hang.confirmed(now, found=any(i.kind in HANG_KINDS for i in found), stall=stall)
             if d.suspect and not hang_open:
                 found = with_trigger(found, d, self.stall_after)
             unobserved = frozenset(u["rank"] for u in self.cluster.get("not_observed", ()))

@@ -256,7 +256,6 @@ class Watcher:
         if d.confirm:
             findings = self._confirm()
             self.hang.confirmed(now, found=bool(findings), stall=stall)
-            findings = self.hang.held(findings, hang_open=hang_open)
             if d.suspect and not hang_open:
                 findings = with_trigger(findings, d, self.stall_after)
         elif hang_open:

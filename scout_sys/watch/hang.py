@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from scout_sys.consensus.waitresolve import PAUSED_ON
 from scout_sys.model import HANG, Evidence, Incident
 
 MIN_STALL_AFTER = 5.0
@@ -45,7 +44,6 @@ class HangWatch:
         self._last_window: float | None = None
         self._quiet_until = 0.0
         self._quiet_stall = 0.0
-        self._paused = False  # the last window found only a pause so far (see held)
 
     @property
     def stall_after(self) -> float:
@@ -80,19 +78,6 @@ class HangWatch:
             self._quiet_stall = stall
         else:
             self._quiet_until = 0.0
-
-    def held(self, findings: Sequence[Incident], *, hang_open: bool) -> list[Incident]:
-        """A window's hang findings, less a first "pause so far": when every finding is a stall whose
-        chains of waits all end at a rank still progressing (``consensus.waitresolve``), the incident
-        opens only if the next window says so too; a rank catching up, or waits still spreading out
-        from a fault on a loaded machine, is not a hang. (Call :meth:`confirmed` with the window's
-        own findings first: the next poll then looks again at once.)"""
-        paused = bool(findings) and all(any(PAUSED_ON in e.data for e in f.evidence) for f in findings)
-        if paused and not hang_open and not self._paused:
-            self._paused = True
-            return []
-        self._paused = paused
-        return list(findings)
 
 
 def with_trigger(findings: Sequence[Incident], d: Decision, stall_after: float) -> list[Incident]:
