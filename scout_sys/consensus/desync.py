@@ -12,8 +12,8 @@ process group (``gloo:0``, ``nccl:1``, ...), using each rank's latest sample:
    position are behind (they have not reached ``#n``) or ahead.
 
 No strict majority: one ``inconclusive`` incident with every rank's evidence, once every rank of the
-peer group has a sample (until then a missing rank could make the majority: nothing is said yet). Point-to-point calls
-(send / recv) are not part of the sequence. Pure: no I/O, no clocks.
+peer group has a sample (until then a missing rank could make the majority: nothing is said yet).
+Point-to-point calls (send / recv) are not part of the sequence. Pure: no I/O, no clocks.
 
 Each rank numbers its process groups (``gloo:0``, ``gloo:1``, ...) in the order the probe first saw
 them called. A probe attached to a running job sees each rank first somewhere else in its step (one in

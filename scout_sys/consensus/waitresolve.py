@@ -115,8 +115,8 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
     if g.status == NONE and g.edges and g.reason == PAUSE and not named:
         # Every chain of waits ends at a rank that is still moving: a rank catching up, the waits still
         # spreading out from an origin on a loaded machine, or a rank that loops elsewhere and never
-        # comes. One window cannot tell these apart: the stall stays inconclusive, and says so in
-        # evidence a watch reads (PAUSED_ON: it opens the incident only if the next window agrees).
+        # comes. One window cannot tell these apart: the stall stays inconclusive, and its evidence
+        # (PAUSED_ON) names the rank the waits lead to.
         moving = sorted({c[-1] for c in g.chains} or {r for r, w in waits.items() if w.state == "running"})
         pause = Evidence("procfs", f"wait-for: every chain of waits ({len(g.edges)} edges) ends at "
                          f"{ranks_text(moving)}, still progressing: a pause so far, not yet a hang",
