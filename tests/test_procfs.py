@@ -1,5 +1,6 @@
 """The procfs probe on real processes: a rank held in tracing-stop by py-spy (a native dump's
-momentary pause) is told apart from one held by any other tracer (a debugger)."""
+momentary pause) is told apart from one held by any other tracer (a debugger); when a sleeping main
+thread last ran is right whichever CPU it ran on (each CPU's scheduler clock drifts apart on a VM)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,36 @@ def test_tracing_stop_names_whether_py_spy_holds_it(tracer: str, by_pyspy: bool)
         for p in (holder, target):
             p.send_signal(signal.SIGKILL)
             p.wait(10)
+
+
+SLEEPER = """
+import sys, time
+print(time.time(), flush=True)
+sys.stdout.close()
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("cpu", sorted(os.sched_getaffinity(0)))
+def test_main_thread_last_ran_is_read_in_the_clock_of_its_cpu(cpu: int) -> None:
+    # On this VM the CPUs' task clocks are seconds apart (steal time): read in the clock of the CPU we
+    # happen to run on, a thread asleep for 1 s looked asleep for 10 s, or running.
+    sleeper = subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        assert sleeper.stdout is not None
+        went_to_sleep = float(sleeper.stdout.readline())
+        time.sleep(1.0)
+        probe = ProcfsProbe()
+        probe.start(Job(ranks=(Rank(rank=0, pid=sleeper.pid, host=socket.gethostname()),), world_size=1,
+                        launcher="explicit", launcher_pid=None, host=socket.gethostname()))
+        mask = os.sched_getaffinity(0)
+        for reader_cpu in sorted(mask):  # whichever CPU the watch runs on: move there, free to move on
+            os.sched_setaffinity(0, {reader_cpu})
+            os.sched_setaffinity(0, mask)
+            s = probe.sample(time.time())[0]
+            assert s.status == "sleeping" and s.main_last_ran is not None
+            assert abs(s.main_last_ran - went_to_sleep) < 0.5, (cpu, reader_cpu, s.main_last_ran - went_to_sleep)
+    finally:
+        sleeper.kill()
+        sleeper.wait(10)

@@ -133,6 +133,26 @@ def test_progress_main_thread_pause_is_the_gloo_signal():
     assert p.majority(range(4), 4, T0 + 10) == (10.0, MAIN_THREAD)  # 3 of 4 paused 10 s
 
 
+def test_progress_a_wake_up_caused_by_our_native_dump_is_not_progress():
+    # witnesses asleep in a collective since T0; the bundle's native dump (ptrace) holds them at T0+10
+    # and each main thread runs for a moment: their pause goes on; a real wake-up later still counts
+    p = Progress()
+    p.observe([_proc(r, T0 + 9, last_ran=T0) for r in range(4)], T0 + 9)
+    p.held(T0 + 10)
+    p.observe([_proc(r, T0 + 10.1, status="running") for r in range(4)], T0 + 10.1)  # seen while held
+    assert p.pauses() == {r: pytest.approx(10.1) for r in range(4)}
+    p.held(T0 + 10, T0 + 10.2)
+    p.observe([_proc(r, T0 + 12, last_ran=T0 + 10.3) for r in range(3)] + [_proc(3, T0 + 12, last_ran=T0 + 11.5)],
+              T0 + 12)
+    assert p.pauses() == {0: 12.0, 1: 12.0, 2: 12.0, 3: pytest.approx(0.5)}
+    assert p.majority(range(4), 4, T0 + 12) == (12.0, MAIN_THREAD)
+    # a rank that was running when the dump began has no pause to keep
+    p.observe([_proc(0, T0 + 13, status="running")], T0 + 13)
+    p.held(T0 + 14, T0 + 14.1)
+    p.observe([_proc(0, T0 + 15, last_ran=T0 + 14.1)], T0 + 15)
+    assert p.pauses()[0] == pytest.approx(0.9)
+
+
 def test_progress_stack_still_at_one_place_is_the_spin_signal_without_ebpf():
     p = Progress()
     for i in range(5):  # every main thread runs (spins); the stacks never leave `wait`

@@ -5,7 +5,8 @@ Cheap (a few file reads per rank) and never touches the job. Besides psutil it r
 - ``/proc/PID/task/PID/schedstat``: on-CPU and run-queue nanoseconds of the *main thread* (a rank
   blocked in a collective has a main thread that does not run at all, whatever its helper threads
   do; a straggler's main thread is busy or waiting for a CPU while its peers sleep);
-- ``/proc/PID/task/PID/sched``: ``se.exec_start``, when the main thread last ran (hang onset);
+- ``/proc/PID/task/PID/sched``: ``se.exec_start``, when the main thread last ran (hang onset), in
+  the task clock of the CPU it ran on (``/proc/PID/task/PID/stat`` field 39): see :class:`SchedClocks`;
 - ``/proc/PID/stat`` field 52: the exit status of a zombie.
 """
 
@@ -51,22 +52,76 @@ def _exec_start_ms(raw: str | None) -> float | None:
     return None
 
 
-def sched_clock_now(proc: str = PROC) -> float | None:
-    """The scheduler clock (seconds) now. It is not CLOCK_MONOTONIC (on VMs they drift apart by
-    seconds), so we read it off ourselves: the running thread's ``exec_start`` is "just now"."""
-    ms = _exec_start_ms(_read(f"{proc}/thread-self/sched"))
-    return None if ms is None else ms / 1000.0
-
-
-def main_thread_last_ran(pid: int, proc: str = PROC, now: float | None = None,
-                         sched_now: float | None = None) -> float | None:
-    """Unix time at which the main thread was last put on a CPU (from ``se.exec_start``)."""
-    ms = _exec_start_ms(_read(f"{proc}/{pid}/task/{pid}/sched"))
-    ref = sched_clock_now(proc) if sched_now is None else sched_now
-    if ms is None or ref is None:
+def _stat_field(raw: str | None, n: int) -> int | None:
+    """Field ``n`` (1-based, as proc(5) numbers them) of a /proc stat line."""
+    if not raw:
         return None
-    wall = time.time() if now is None else now
-    return wall - max(0.0, ref - ms / 1000.0)
+    try:
+        return int(raw[raw.rindex(")") + 2:].split()[n - 3])
+    except (ValueError, IndexError):
+        return None
+
+
+class SchedClocks:
+    """Each CPU's scheduler task clock (what ``se.exec_start`` counts in) tied to wall time.
+
+    The task clock leaves out, per CPU, the time the hypervisor stole and the time spent in interrupts:
+    on a VM the CPUs' clocks drift apart (seconds after hours of uptime; it is not CLOCK_MONOTONIC
+    either). A thread's ``exec_start`` is therefore compared with the clock of the CPU it last ran on:
+    we run on that CPU for a moment (``sched_setaffinity`` of our own thread, under a millisecond)
+    and read our own ``exec_start``, which is "just now" there; again after ``ttl`` seconds. Where we
+    may not run on that CPU (our cpuset excludes it) the CPU we are on stands in for it."""
+
+    def __init__(self, proc: str = PROC, ttl: float = 10.0) -> None:
+        self.proc = proc
+        self.ttl = ttl
+        self._offset: dict[int | None, tuple[float, float]] = {}  # cpu -> (wall - task clock, when read)
+
+    def to_wall(self, exec_start: float, cpu: int | None) -> float | None:
+        """Unix time of ``exec_start`` (seconds of ``cpu``'s task clock)."""
+        wall = time.time()
+        hit = self._offset.get(cpu)
+        if hit is None or wall - hit[1] > self.ttl:
+            hit = self._calibrate(cpu)
+            if hit is None:
+                return None
+        return min(wall, exec_start + hit[0])
+
+    def _calibrate(self, cpu: int | None) -> tuple[float, float] | None:
+        try:
+            mask: set[int] | None = os.sched_getaffinity(0)
+        except OSError:
+            mask = None
+        pinned = False
+        if cpu is not None and mask is not None and cpu in mask and mask != {cpu}:
+            try:
+                os.sched_setaffinity(0, {cpu})  # this thread only
+                pinned = True
+            except OSError:
+                pass
+        try:
+            ms = _exec_start_ms(_read(f"{self.proc}/thread-self/sched"))
+            wall = time.time()
+            here = _stat_field(_read(f"{self.proc}/thread-self/stat"), 39)
+        finally:
+            if pinned:
+                try:
+                    os.sched_setaffinity(0, mask)  # type: ignore[arg-type]
+                except OSError:
+                    pass
+        if ms is None:
+            return None
+        hit = (wall - ms / 1000.0, wall)
+        self._offset[here] = self._offset[cpu] = hit  # where we could not run on ``cpu``, ours stands in
+        return hit
+
+
+def main_thread_last_ran(pid: int, clocks: SchedClocks, proc: str = PROC) -> float | None:
+    """Unix time at which the main thread was last put on, or taken off, a CPU (``se.exec_start``)."""
+    ms = _exec_start_ms(_read(f"{proc}/{pid}/task/{pid}/sched"))
+    if ms is None:
+        return None
+    return clocks.to_wall(ms / 1000.0, _stat_field(_read(f"{proc}/{pid}/task/{pid}/stat"), 39))
 
 
 def traced_by_pyspy(pid: int, proc: str = "/proc") -> bool:
@@ -80,13 +135,8 @@ def traced_by_pyspy(pid: int, proc: str = "/proc") -> bool:
 
 def zombie_exit(pid: int, proc: str = PROC) -> tuple[int | None, int | None]:
     """(exit code, killing signal) of a zombie, from /proc/PID/stat field 52 (waitpid status)."""
-    raw = _read(f"{proc}/{pid}/stat")
-    if not raw:
-        return None, None
-    try:
-        fields = raw[raw.rindex(")") + 2:].split()
-        status = int(fields[52 - 3])
-    except (ValueError, IndexError):
+    status = _stat_field(_read(f"{proc}/{pid}/stat"), 52)
+    if status is None:
         return None, None
     if os.WIFSIGNALED(status):
         return None, os.WTERMSIG(status)
@@ -100,6 +150,7 @@ class ProcfsProbe:
 
     def __init__(self, proc: str = PROC) -> None:
         self.proc = proc
+        self.clocks = SchedClocks(proc)
         self._procs: dict[int, tuple[int, psutil.Process | None, float]] = {}  # rank -> (pid, p, ctime)
 
     def check(self) -> str | None:
@@ -158,7 +209,7 @@ class ProcfsProbe:
             cpu_time=cpu.user + cpu.system,
             main_cpu_ns=main_cpu,
             main_delay_ns=main_delay,
-            main_last_ran=main_thread_last_ran(pid, self.proc, now),
+            main_last_ran=main_thread_last_ran(pid, self.clocks, self.proc),
             ctx_switches=ctx.voluntary + ctx.involuntary,
             num_threads=nthreads,
             wchan=None if wchan in ("", "0") else wchan,

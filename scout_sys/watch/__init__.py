@@ -307,13 +307,16 @@ class Watcher:
 
     def _native_dump(self, mon: Monitor) -> list[StackSample]:
         """Every rank's native stacks, for a bundle (in its thread); counted while it pauses ranks."""
+        start = self.clock()
         with self._native_lock:
             self._native_dumps += 1
+            self.progress.held(start)
         try:
             return mon.stacks.dump(native=True)
         finally:
             with self._native_lock:
                 self._native_dumps -= 1
+                self.progress.held(start, self.clock())
 
     def _on_open(self, inc: Incident) -> tuple[Incident, str | None]:
         """A new incident: save a bundle for hangs, and say where it went."""

@@ -15,6 +15,11 @@ every sample (a healthy Gloo job whose ranks wait for a slow peer spends most of
 signal: a rank that wakes up outside any collective and stays at one place (a poll or a sleep loop)
 has not progressed. A strict majority's stall (the (n//2+1)-th longest) is what the hang part
 compares with ``stall-after``. Pure: observations and ``now`` in, numbers out.
+
+A native dump of ours (an evidence bundle's, ptrace) wakes every thread it reads for a moment: a
+main thread that ran only then, or was seen running while it was held, has not progressed, so its
+pause goes on from where it was (:meth:`Progress.held`). Without this the dashboard and the
+``main_thread_pause_seconds`` metric would show every witness "ran just now" right after a hang opens.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from scout_sys.model import CollectiveSample, Observation, ProcSample, StackSamp
 
 COLLECTIVES, MAIN_THREAD, STACK = "collectives", "main thread", "stack"
 RUNNING_STATES = ("running",)
+HELD_SLACK = 0.5  # a thread held by our dump runs once more right after it is let go
 
 
 @dataclass
@@ -43,6 +49,8 @@ class _Run:
 class Progress:
     def __init__(self) -> None:
         self._pause: dict[int, float] = {}  # rank -> main-thread pause at the last procfs sample
+        self._off: dict[int, float] = {}  # rank -> since when its main thread is off CPU
+        self._held: dict[float, float | None] = {}  # our native dumps: start -> end (None: still holding)
         self._stack: dict[int, _Run] = {}
         self._seq: dict[int, _Run] = {}
         self._seq_groups: dict[int, dict[str, int]] = {}
@@ -56,12 +64,7 @@ class Progress:
     def observe(self, obs: Iterable[Observation], now: float) -> None:
         for o in obs:
             if isinstance(o, ProcSample):
-                if not o.alive:
-                    self._pause.pop(o.rank, None)
-                elif o.status in RUNNING_STATES or o.main_last_ran is None:
-                    self._pause[o.rank] = 0.0
-                else:
-                    self._pause[o.rank] = max(0.0, now - o.main_last_ran)
+                self._observe_proc(o, now)
             elif isinstance(o, StackSample) and not o.native and o.error is None:
                 main = o.main()
                 if main is None or not main.frames:
@@ -75,6 +78,36 @@ class Progress:
                 groups = self._seq_groups.setdefault(o.rank, {})
                 groups[o.group] = max(groups.get(o.group, 0), o.seq)
                 _advance(self._seq, o.rank, sum(groups.values()), o.time)
+
+    def _observe_proc(self, o: ProcSample, now: float) -> None:
+        if not o.alive:
+            self._pause.pop(o.rank, None)
+            self._off.pop(o.rank, None)
+            return
+        before = self._off.get(o.rank)
+        if before is not None and self._ours(o.time, before):
+            self._pause[o.rank] = max(0.0, now - before)  # seen while we held it: says nothing
+        elif o.status in RUNNING_STATES or o.main_last_ran is None:
+            self._pause[o.rank] = 0.0
+            self._off.pop(o.rank, None)
+        else:
+            off = o.main_last_ran
+            if before is not None and off > before and self._ours(off, before):
+                off = before  # it ran only because our dump woke it
+            self._off[o.rank] = off
+            self._pause[o.rank] = max(0.0, now - off)
+
+    def held(self, start: float, end: float | None = None) -> None:
+        """Our native dump holds (``end`` None) or held the ranks from ``start`` to ``end``: what their
+        main threads did then is not progress. Call again with ``end`` when it is over."""
+        held = {s: e for s, e in self._held.items() if e is None or e > start - 60.0}
+        held[start] = end
+        self._held = held  # one assignment: the poll thread may be reading the old one
+
+    def _ours(self, t: float, off_since: float) -> bool:
+        """``t`` falls while one of our dumps held the ranks (that began after ``off_since``)."""
+        return any(off_since < s and s - HELD_SLACK <= t <= (e if e is not None else t) + HELD_SLACK
+                   for s, e in self._held.items())
 
     def sees_collectives(self, ranks: Sequence[int]) -> bool:
         """The eBPF collective probe has seen every one of ``ranks``."""
