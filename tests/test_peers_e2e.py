@@ -42,5 +42,6 @@ def test_megatron_straggler_named_against_learned_peers(start_job, tmp_path):
         assert w.job is not None and peers.is_learned(w.job) and w.job.peer_groups == ((0, 2), (1, 3))
         assert w.snapshot is not None and peers.is_learned(w.snapshot.job)  # what the dashboard draws
     opened = [e.incident for e in evs if e.event == "incident_opened"]
-    assert [(i.kind, i.ranks) for i in opened] == [(STRAGGLER, (1,))]
+    assert [(i.kind, i.ranks) for i in opened] == [(STRAGGLER, (1,))], [(i.summary, [e.text for e in i.evidence])
+                                                                         for i in opened]
     assert any(e.data.get("peers") == [0, 2, 3] for e in opened[0].evidence), opened[0].evidence

@@ -89,8 +89,15 @@ def _run(job, w, ctl, faults, check_graph) -> None:
         # out from the fault for seconds, and a window within them may see a rank still catching up
         late = _diagnose_started(job.pid)
         assert e["incident"]["ranks"] == [rank], e
-        if fault == "stall":  # confirmed after --stall-after, the ranks long in their waits: the graph too
-            chains = [x["chain"] for x in e["incident"]["evidence"] if "chain" in x]
+        if fault == "stall":  # confirmed after --stall-after, the ranks long in their waits: the graph too,
+            # at once or, when the first window caught a neighbour still on its way (a loaded machine), with
+            # the next reconfirming window (every 5 s) as an update of the same incident
+            def _chains(x: dict) -> list:
+                return [v["chain"] for v in x["incident"]["evidence"] if "chain" in v]
+            if not _chains(e):
+                e = w.wait_event(lambda x, i=e["incident"]["id"]: x["event"] == "incident_updated"
+                                 and x["incident"]["id"] == i and bool(_chains(x)), timeout=30)
+            chains = _chains(e)
             assert chains and all(c[-1] == rank for c in chains), e["incident"]["evidence"]
         d = _answer(late)
         assert origins(d) == [(KIND[fault], "attributed", [rank])], (rank, fault, d["incidents"], d["notes"])
