@@ -1,8 +1,9 @@
 # scout-sys: everything a fresh Debian/Ubuntu machine needs, as root, idempotently.
 #   make        set up .venv and the eBPF prerequisites
 #   make demo   run a 4-rank demo job with one faulty rank and diagnose it
-#   make test   run the test suite (real torchrun jobs, real py-spy, real eBPF as root); an eBPF or
-#               real-job test that skips fails it (SCOUT_SYS_ALLOW_SKIPS=1 allows skips on purpose)
+#   make test   run the test suite (real torchrun jobs, real py-spy, real eBPF as root), two tests at
+#               a time, then the load-sensitive ones alone (scripts/test.sh); an eBPF or real-job test
+#               that skips fails it (SCOUT_SYS_ALLOW_SKIPS=1 allows skips on purpose)
 #   make bench  run the benchmarks
 
 PY      ?= python3
@@ -34,7 +35,7 @@ ebpf: $(STAMP)
 	@bash scripts/setup-ebpf.sh $(VENV)
 
 test: setup
-	SCOUT_SYS_STRICT_SKIPS=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+	PY=$(BIN)/python bash scripts/test.sh $(PYTEST_ARGS)
 
 demo: setup
 	$(BIN)/scout-sys demo

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 
+from scout_sys.demo.launch import free_port  # below the ephemeral range: no connect() takes it
 from scout_sys.model import Job, Rank
 from tests._host import ebpf_reason
 
@@ -25,10 +26,6 @@ def ebpf_skip_reason() -> str | None:
     return ebpf_reason()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class TorchrunJob:

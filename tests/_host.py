@@ -9,8 +9,12 @@ hook lets only those through under `make test` (see tests/README.md).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import os
+import stat
+import tempfile
 from pathlib import Path
 
 HOST_PREFIX = "host lacks "  # a skip that no `make` step could have prevented
@@ -54,3 +58,27 @@ def cgroup_memory() -> tuple[str, str] | None:
     if (v1 / "memory.limit_in_bytes").exists() and os.access(v1, os.W_OK):
         return "1", str(v1)
     return None
+
+
+@contextlib.contextmanager
+def runnable_by_others(*paths: str):
+    """Let other users reach ``paths`` (this interpreter, the venv, the checkout) for the length of
+    a test: each ancestor directory that lacks the others' search bit (a 0700 home holding pyenv or
+    the checkout) gets it, and gets its old mode back at exit. Nothing is made readable that was
+    not: only traversal is granted, as `chmod o+x` would. One test at a time holds it (a lock file),
+    so a parallel test never sees a mode restored under it."""
+    changed: list[tuple[Path, int]] = []
+    lock = open(os.path.join(tempfile.gettempdir(), "scout-sys-tests-others.lock"), "w")  # noqa: SIM115
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        for p in paths:
+            for d in Path(os.path.realpath(p)).parents:
+                mode = d.stat().st_mode
+                if not mode & stat.S_IXOTH and all(d != c for c, _ in changed):
+                    os.chmod(d, mode | stat.S_IXOTH)
+                    changed.append((d, mode))
+        yield
+    finally:
+        for d, mode in reversed(changed):
+            os.chmod(d, stat.S_IMODE(mode))
+        lock.close()

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -37,6 +38,11 @@ def skip_reason(rep: pytest.TestReport) -> str:
     return text.removeprefix("Skipped: ")
 
 
+def _refused(reason: str) -> str:
+    return (f"skipped under `make test`, where make set up the prerequisites: {reason}\n"
+            "fix the machine or the product; SCOUT_SYS_ALLOW_SKIPS=1 allows the skip on purpose")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
@@ -46,8 +52,30 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if not any(item.get_closest_marker(m) for m in GUARDED) or skip_reason(rep).startswith(HOST_PREFIX):
         return
     rep.outcome = "failed"
-    rep.longrepr = (f"skipped under `make test`, where make set up the prerequisites: {skip_reason(rep)}\n"
-                    "fix the machine or the product; SCOUT_SYS_ALLOW_SKIPS=1 allows the skip on purpose")
+    rep.longrepr = _refused(skip_reason(rep))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):
+    """A whole module skipped while it is collected (a module-level ``pytest.skip`` or
+    ``importorskip``) never reaches the hook above: under `make test` it fails too, whatever its
+    markers, unless its reason is a host's."""
+    outcome = yield
+    rep = outcome.get_result()
+    if STRICT_SKIPS and rep.skipped and not skip_reason(rep).startswith(HOST_PREFIX):
+        rep.outcome = "failed"
+        rep.longrepr = _refused(skip_reason(rep))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """Every skip, with its reason, at the end of the run: an allowed skip is said, not hidden."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    terminalreporter.section(f"{len(skipped)} skipped (allowed: "
+                             f"{'host lacks it' if STRICT_SKIPS else 'SCOUT_SYS_ALLOW_SKIPS=1 or plain pytest'})")
+    for rep in skipped:
+        terminalreporter.line(f"SKIPPED {rep.nodeid or rep.fspath}: {skip_reason(rep)}")
 
 
 @pytest.fixture
@@ -65,6 +93,66 @@ def start_job():
         j.stop()
     for j in jobs:
         assert j.pids() == [], f"processes of job {j.id} left behind"
+
+
+def _rank_pids(job: DemoJob) -> list[int]:
+    """The job's rank processes (and helpers they forked): its processes that carry RANK."""
+    out = []
+    for p in job.pids():
+        try:
+            with open(f"/proc/{p}/environ", "rb") as f:
+                if any(v.startswith(b"RANK=") for v in f.read().split(b"\0")):
+                    out.append(p)
+        except OSError:
+            continue
+    return out
+
+
+def _main_ran_ns(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _main_frames(pid: int) -> str:
+    """The function names on ``pid``'s main-thread stack (a real py-spy dump, never pausing it)."""
+    from scout_sys.probes.pystack import find_py_spy
+
+    out = subprocess.run([find_py_spy() or "py-spy", "dump", "--nonblocking", "--json", "--pid", str(pid)],
+                         capture_output=True, text=True, timeout=30, check=False)
+    try:
+        threads = json.loads(out.stdout)
+    except ValueError:
+        return ""
+    main = [t for t in threads if t.get("os_thread_id") == pid] or threads[:1]
+    return " ".join(f.get("name", "") for t in main for f in t.get("frames", []))
+
+
+ASLEEP_NS = 500_000  # main-thread CPU time over the quiet period of a rank that waits
+
+
+def settle(job: DemoJob, *faulty: int, parked_in: str | None = None, quiet: float = 0.5,
+           timeout: float = 60.0) -> None:
+    """Until every rank but ``faulty`` (pids) sits where the fault leaves it: its main thread has
+    hardly run for ``quiet`` seconds (the Gloo shape: asleep inside the collective; a healthy rank
+    computes every 0.05 s; a forked helper that wakes to look at a clock is asleep), or, with ``parked_in`` (the GPU shape, where waiters spin), its main thread's
+    stack holds that function in two dumps ``quiet`` apart. A condition, not a fixed sleep: on a
+    loaded machine it waits as long as the ranks take."""
+    end = time.time() + timeout
+    while True:
+        witnesses = [p for p in _rank_pids(job) if p not in faulty]
+        ran = {p: _main_ran_ns(p) for p in witnesses}
+        inside = {p: parked_in is not None and parked_in in _main_frames(p) for p in witnesses}
+        time.sleep(quiet)
+        parked = bool(witnesses) and all(
+            (ran[p] is not None and (_main_ran_ns(p) or 0) - ran[p] < ASLEEP_NS) or (inside[p] and parked_in in _main_frames(p))
+            for p in witnesses)
+        if parked:
+            return
+        if time.time() > end:
+            raise TimeoutError(f"the ranks {witnesses} did not settle within {timeout:g}s:\n{job.log()[-2000:]}")
 
 
 def scout(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -9,14 +9,13 @@ import subprocess
 import sys
 import time
 
-import pytest
+import torch  # the replay extra, installed by `make`: a failed import fails here, never skips
 
 from scout_sys.consensus import replay as rules
 from scout_sys.model import DeviceRound, Job, KernelResult, Rank
 from scout_sys.replay import ledger
 from tests.conftest import scout
 
-torch = pytest.importorskip("torch")
 KEYS = {"path", "step", "status", "reasons", "divergent", "nonfinite", "replay"}
 
 

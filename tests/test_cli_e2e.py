@@ -17,11 +17,10 @@ import pytest
 
 from scout_sys.job import find_job
 from tests._host import ebpf_reason
-from tests.conftest import REPO, diagnose_json, origins, scout
+from tests.conftest import REPO, diagnose_json, origins, scout, settle
 from tests.test_watch import WatchCli
 
 pytestmark = pytest.mark.slow
-SETTLE = 1.5  # let the healthy ranks reach the next collective after the fault
 
 DEMO_FAULTS = {"none": None, "hang": "hang", "stop": "process_stall", "busy": "hang", "exit": "process_exit",
                "desync": "collective_desync"}
@@ -61,7 +60,7 @@ def test_demo_with_each_fault_names_the_faulty_rank() -> None:
 def test_diagnose_options_and_the_pid_list_selector(start_job) -> None:
     job = start_job(4, fault="hang", fault_rank=2)
     pid = job.wait_fault()
-    time.sleep(SETTLE)
+    settle(job, pid)
     pids = [r.pid for r in sorted(find_job(str(job.pid)).ranks, key=lambda r: r.rank)]
     assert pids[2] == pid
     # PID,PID,... of the rank processes

@@ -22,7 +22,8 @@ from scout_sys.demo.launch import free_port
 from tests.conftest import origins, scout
 
 HOSTS = ("nodeA", "nodeB")
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="agents read the ranks' stacks (py-spy): run as root")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0, reason="agents read the ranks' stacks (py-spy): run as root")]
 
 
 class Cluster:
@@ -224,7 +225,9 @@ def test_stopped_rank_on_node_1_and_an_agent_killed_mid_run(cluster):
         assert (e["event"], e["node"], e["host"], e["ranks"]) == ("agent_lost", 1, "nodeB", [2, 3])
         t0 = time.time()
         rc, doc, err = c.diagnose()
-        assert time.time() - t0 < 2.0 + ANSWER_GRACE + 3.0, "a dead agent must not block the verdict"
+        # the window, the agents' grace, and a command's start-up on a loaded 2-core machine (torch for
+        # the store client): a verdict held by the dead agent would wait for it, far past this
+        assert time.time() - t0 < 2.0 + ANSWER_GRACE + 10.0, "a dead agent must not block the verdict"
         assert not any(i["ranks"] for i in doc["incidents"]), doc["incidents"]
         assert {r["rank"] for r in doc["job"]["ranks"]} == {0, 1}
         assert [(u["rank"], u["host"]) for u in doc["cluster"]["not_observed"]] == [(2, "nodeB"), (3, "nodeB")]
@@ -243,6 +246,7 @@ def test_stopped_rank_on_node_1_and_an_agent_killed_mid_run(cluster):
     assert rc == 1 and origins(doc) == [("process_stall", "attributed", [2])], err
 
 
+@pytest.mark.serial  # load-sensitive: run alone (see tests/README.md)
 def test_healthy_job_names_nobody_and_agents_survive_the_store_host(cluster):
     c = cluster(fault="none")
     c.jobs[0].wait_steps(2, timeout=120)

@@ -10,10 +10,9 @@ import time
 
 import pytest
 
-from tests.conftest import JOBS, diagnose_json, origins, scout
+from tests.conftest import JOBS, diagnose_json, origins, scout, settle
 
 pytestmark = pytest.mark.slow
-SETTLE = 1.5  # let the healthy ranks reach the next collective after the fault
 
 
 @pytest.mark.parametrize(
@@ -27,8 +26,7 @@ SETTLE = 1.5  # let the healthy ranks reach the next collective after the fault
 )
 def test_torchrun_4_ranks_each_fault(start_job, fault, rank, kind):
     job = start_job(4, fault=fault, fault_rank=rank)
-    job.wait_fault()
-    time.sleep(SETTLE)
+    settle(job, job.wait_fault())
     rc, d = diagnose_json(job.pid)
     assert rc == 1, d
     assert d["status"] == "incident"
@@ -46,7 +44,7 @@ def test_torchrun_4_ranks_each_fault(start_job, fault, rank, kind):
 def test_selecting_by_a_rank_pid_finds_its_siblings(start_job):
     job = start_job(4, fault="hang", fault_rank=0)
     faulty_pid = job.wait_fault()
-    time.sleep(SETTLE)
+    settle(job, faulty_pid)
     rc, d = diagnose_json(faulty_pid)
     assert rc == 1
     assert origins(d) == [("hang", "attributed", [0])]
@@ -55,8 +53,7 @@ def test_selecting_by_a_rank_pid_finds_its_siblings(start_job):
 
 def test_selecting_by_process_group(start_job):
     job = start_job(4, fault="stop", fault_rank=3)
-    job.wait_fault()
-    time.sleep(SETTLE)
+    settle(job, job.wait_fault())
     rc, d = diagnose_json(f"pgid:{os.getpgid(job.pid)}")
     assert rc == 1
     assert origins(d) == [("process_stall", "attributed", [3])]
@@ -66,8 +63,7 @@ def test_torchrun_exit_while_launcher_has_not_reaped_it(start_job):
     # torchrun notices dead workers every --monitor-interval; until then the rank is a zombie.
     job = start_job(4, fault="exit", fault_rank=2, torchrun_args=["--monitor-interval", "600"],
                     args=["--exit-code", "5"])
-    job.wait_fault()
-    time.sleep(SETTLE)
+    settle(job, job.wait_fault())
     rc, d = diagnose_json(job.pid)
     assert rc == 1
     assert origins(d) == [("process_exit", "attributed", [2])]
@@ -78,8 +74,7 @@ def test_torchrun_exit_while_launcher_has_not_reaped_it(start_job):
 
 def test_8_ranks(start_job):
     job = start_job(8, fault="hang", fault_rank=6, args=["--step-time", "0.1"])
-    job.wait_fault(timeout=120)
-    time.sleep(SETTLE + 1)
+    settle(job, job.wait_fault(timeout=120))
     rc, d = diagnose_json(job.pid)
     assert rc == 1
     assert origins(d) == [("hang", "attributed", [6])]
@@ -91,7 +86,10 @@ def test_healthy_job_is_healthy(start_job):
     job.wait_steps(2)
     rc, d = diagnose_json(job.pid)
     assert (rc, d["status"], d["incidents"]) == (0, "healthy", [])
-    assert all(r["state"] in ("running", "waiting", "idle", "busy") for r in d["job"]["ranks"])
+    states = {r["rank"]: r["state"] for r in d["job"]["ranks"]}
+    # a healthy rank moves, waits for its peers in all_reduce, or sleeps in its data loading; never
+    # spins at one place, stops, or is gone, and over a whole window some rank moved
+    assert set(states.values()) <= {"running", "waiting", "idle"} and "running" in states.values(), states
 
 
 def test_checkpoint_pauses_at_barriers_are_healthy(start_job):
@@ -106,8 +104,7 @@ def test_checkpoint_pauses_at_barriers_are_healthy(start_job):
 
 def test_two_rank_job_has_no_strict_majority(start_job):
     job = start_job(2, fault="hang", fault_rank=1)
-    job.wait_fault()
-    time.sleep(SETTLE)
+    settle(job, job.wait_fault())
     rc, d = diagnose_json(job.pid)
     assert rc == 1
     assert origins(d) == [("hang", "inconclusive", [])]
@@ -115,8 +112,7 @@ def test_two_rank_job_has_no_strict_majority(start_job):
 
 def test_two_rank_job_with_a_stopped_rank_is_decisive(start_job):
     job = start_job(2, fault="stop", fault_rank=0)
-    job.wait_fault()
-    time.sleep(SETTLE)
+    settle(job, job.wait_fault())
     rc, d = diagnose_json(job.pid)
     assert origins(d) == [("process_stall", "attributed", [0])]
 
@@ -124,8 +120,7 @@ def test_two_rank_job_with_a_stopped_rank_is_decisive(start_job):
 def test_plain_shell_job_where_one_rank_exits_and_the_others_hang(start_job):
     # No torchrun: ranks are plain processes under bash, which reaps the dead one at once.
     job = start_job(4, launcher="shell", fault="exit", fault_rank=1)
-    job.wait_fault()
-    time.sleep(SETTLE)
+    settle(job, job.wait_fault())
     rc, d = diagnose_json(job.pid)
     assert rc == 1
     assert origins(d) == [("process_exit", "attributed", [1])]
@@ -140,7 +135,7 @@ OTHER = os.path.join(JOBS, "other_trainer.py")
 def test_unseen_ddp_trainer_hang(start_job):
     job = start_job(4, script=OTHER, args=["--fault", "hang", "--fault-rank", "1"])
     job.wait_for(r"OTHER fault hang")
-    time.sleep(SETTLE)
+    settle(job)
     rc, d = diagnose_json(job.pid)
     assert origins(d) == [("hang", "attributed", [1])], d["incidents"]
     assert "fetch_shard_from_object_store" in d["incidents"][0]["summary"]
@@ -149,7 +144,7 @@ def test_unseen_ddp_trainer_hang(start_job):
 def test_unseen_trainer_exit_under_shell(start_job):
     job = start_job(4, script=OTHER, launcher="shell", args=["--fault", "exit", "--fault-rank", "3"])
     job.wait_for(r"OTHER fault exit")
-    time.sleep(SETTLE)
+    settle(job)
     rc, d = diagnose_json(job.pid)
     assert origins(d) == [("process_exit", "attributed", [3])]
 
@@ -164,7 +159,7 @@ def test_unseen_ddp_trainer_healthy(start_job):
 def test_human_output_names_rank_host_pid_and_where(start_job):
     job = start_job(4, fault="hang", fault_rank=2)
     pid = job.wait_fault()
-    time.sleep(SETTLE)
+    settle(job, pid)
     out = scout("diagnose", "--job", str(job.pid), "--window", "2")
     assert out.returncode == 1, out.stderr
     text = out.stdout

@@ -162,4 +162,5 @@ def test_watch_started_with_the_job_names_the_origin_without_topology(start_job,
     e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["kind"] == "hang"
                      and e["incident"]["status"] == "attributed", timeout=90)
     assert e["incident"]["ranks"] == [1], e
+    assert w.opened() == [("hang", "attributed", [1])], w.events
     assert any("NCCL communicator creation" in (v.get("text") or "") for v in e["incident"]["evidence"]), e

@@ -131,6 +131,7 @@ def test_different_collective_is_desync(tmp_path: Path, fault: str, needle: str)
     assert {s.sender_pid for s in sigs} == {job.proc.pid}  # the launcher ended the others
 
 
+@pytest.mark.serial  # load-sensitive: run alone (see tests/README.md)
 def test_rank_behind_while_the_others_wait_at_the_product_threshold(tmp_path: Path) -> None:
     """Rank 2 sleeps before step 5's collective: the others wait inside #12 and, once they waited
     ``desync.MIN_WAIT`` (what the Monitor judges with), rank 2 is named behind at #11."""
@@ -185,6 +186,7 @@ def memory_cgroup(limit: int):
                 time.sleep(0.2)
 
 
+@pytest.mark.serial  # load-sensitive: run alone (see tests/README.md)
 def test_rank_killed_by_the_oom_killer_in_its_memory_cgroup(tmp_path: Path) -> None:
     """Rank 1 runs in a 64 MiB memory cgroup and allocates at step 3: the kernel's OOM killer ends
     it, torchrun then ends the others; the exit probe names rank 1 and says the OOM killer chose it."""

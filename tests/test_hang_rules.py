@@ -303,7 +303,7 @@ def test_spin_shape_rank_inside_a_collective_is_never_the_origin():
             obs += _rank_obs(r, stacks=SPINNING, status="running", main_cpu_per_s=0.95, cpu_per_s=1.0)
     incidents, acts, _ = _analyze(_job(4), obs)
     assert acts[2].state == "waiting"
-    assert all(2 not in i.ranks for i in incidents), incidents
+    assert all(i.ranks == () for i in incidents), incidents
 
 
 def test_two_ranks_spinning_and_stuck_elsewhere_are_inconclusive():
@@ -332,3 +332,19 @@ def test_a_torn_read_of_a_spinning_rank_does_not_make_it_move():
     incidents, acts, _ = _analyze(_job(4), obs)
     assert acts[3].state == "busy"
     assert [(i.kind, i.status, i.ranks) for i in incidents] == [("hang", "attributed", (1,))]
+
+
+def test_gpu_shape_seen_from_one_host_of_a_multi_node_job_is_common_mode():
+    # both ranks of this host spin at one sync point all window; ranks 2-3 run on another host
+    job = Job(ranks=tuple(Rank(rank=r, pid=1000 + r, host="h0", local_rank=r, world_size=4) for r in range(2)),
+              world_size=4, launcher="torchrun", launcher_pid=999, host="h0", remote=(2, 3))
+    obs = []
+    for r in range(2):
+        obs += _rank_obs(r, stacks=SPIN_A, status="running", main_cpu_per_s=0.95, cpu_per_s=1.0)
+    incidents, acts, _ = _analyze(job, obs)
+    assert {a.state for a in acts.values()} == {"busy"}
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("hang", "inconclusive", ())]
+    assert "common-mode hang" in incidents[0].summary and "ranks 2-3 on other hosts" in incidents[0].summary
+    # the same two ranks as the whole job: nobody is elsewhere, and nothing is said (as before)
+    incidents, _, _ = _analyze(_job(2), obs)
+    assert incidents == []

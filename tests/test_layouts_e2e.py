@@ -8,15 +8,13 @@ job is killed at teardown (conftest.start_job)."""
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
-from tests.conftest import JOBS, origins, scout
+from tests.conftest import JOBS, origins, scout, settle
 
 pytestmark = pytest.mark.slow
 LAYOUTS = os.path.join(JOBS, "layouts.py")
-SETTLE = 2.0
 
 
 def _diagnose(pid: int, *extra: str, window: float = 2.5) -> tuple[int, dict]:
@@ -51,7 +49,7 @@ def test_ddp_healthy(start_job):
 def test_ddp_desync_named_with_coordinates(start_job):
     job = _start(start_job, 4, "ddp", "desync", rank=2)
     job.wait_for(r"LAYOUT fault desync", timeout=120)
-    time.sleep(SETTLE)
+    settle(job)
     rc, d = _diagnose(job.pid, "--topology", "dp=4")
     assert origins(d) == [("collective_desync", "attributed", [2])], d["incidents"]
     assert _coords_evidence(d, 2) == {"dp": 2}
@@ -65,7 +63,7 @@ def test_fsdp2_healthy(start_job):
 def test_fsdp2_hang_named_with_coordinates(start_job):
     job = _start(start_job, 4, "fsdp", "hang", rank=1)
     job.wait_for(r"LAYOUT fault hang", timeout=120)
-    time.sleep(SETTLE)
+    settle(job)
     rc, d = _diagnose(job.pid, "--topology", "dp=4")
     assert origins(d) == [("hang", "attributed", [1])], d["incidents"]
     assert _coords_evidence(d, 1) == {"dp": 1}
@@ -89,7 +87,7 @@ def test_pipeline_dp4_pp2_hang_names_the_stage_and_rank(start_job):
     # all-reduce. Rank 3 is a witness (another peer group), not a culprit.
     job = _start(start_job, 8, "pp", "hang", rank=2)
     job.wait_for(r"LAYOUT fault hang", timeout=150)
-    time.sleep(SETTLE + 1)
+    settle(job)
     rc, d = _diagnose(job.pid, "--topology", "dp=4,pp=2")
     assert origins(d) == [("hang", "attributed", [2])], d["incidents"]
     inc = d["incidents"][0]
@@ -114,7 +112,7 @@ def test_tensor_parallel_hang_across_groups(start_job):
     # wait (rank 3, rank 2's tensor-parallel partner, in wait_tensor) and rank 2 is stuck outside.
     job = _start(start_job, 4, "tp", "hang", rank=2)
     job.wait_for(r"LAYOUT fault hang", timeout=120)
-    time.sleep(SETTLE)
+    settle(job)
     rc, d = _diagnose(job.pid, "--topology", "dp=2,tp=2")
     assert origins(d) == [("hang", "attributed", [2])], d["incidents"]
     assert _coords_evidence(d, 2) == {"dp": 1, "tp": 0}

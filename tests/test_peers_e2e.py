@@ -20,7 +20,6 @@ from tests.test_watch import _poll_until
 
 pytestmark = pytest.mark.slow
 MEGATRON = os.path.join(JOBS, "megatron_job.py")
-megatron = pytest.importorskip("megatron.core", reason="megatron-core is installed by `make` (requirements.txt)")
 
 
 def test_megatron_straggler_named_against_learned_peers(start_job, tmp_path):

@@ -76,7 +76,8 @@ def test_main_thread_last_ran_is_read_in_the_clock_of_its_cpu(cpu: int) -> None:
             os.sched_setaffinity(0, mask)
             s = probe.sample(time.time())[0]
             assert s.status == "sleeping" and s.main_last_ran is not None
-            assert abs(s.main_last_ran - went_to_sleep) < 0.5, (cpu, reader_cpu, s.main_last_ran - went_to_sleep)
+            # the skew this guards against is seconds (8.7 s on a VM up for hours); 1.5 s of slack is load
+            assert abs(s.main_last_ran - went_to_sleep) < 1.5, (cpu, reader_cpu, s.main_last_ran - went_to_sleep)
     finally:
         sleeper.kill()
         sleeper.wait(10)

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from scout_sys.replay.context import cgroup_procs, context_of
-from tests.conftest import scout
+from tests._host import runnable_by_others
+from tests.conftest import REPO, scout
 
 
 def test_bad_input_is_one_line_and_exit_2():
@@ -72,11 +73,13 @@ def test_the_worker_runs_as_the_ranks_user():
     nobody = pwd.getpwnam("nobody")
     code = "import torch, time; print('ready', flush=True); time.sleep(120)"
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    try:
-        p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env, cwd="/",
-                             user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], start_new_session=True)
-    except PermissionError as e:
-        pytest.skip(f"host lacks a user other than root that can run this interpreter: nobody cannot ({e})")
+    with runnable_by_others(sys.executable, sys.prefix, REPO):
+        _worker_runs_as(nobody, code, env)
+
+
+def _worker_runs_as(nobody, code: str, env: dict[str, str]) -> None:
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env, cwd="/",
+                         user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], start_new_session=True)
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         from scout_sys.job import find_job
@@ -91,3 +94,27 @@ def test_the_worker_runs_as_the_ranks_user():
     finally:
         p.kill()
         p.wait()
+
+
+@pytest.mark.slow
+def test_a_job_the_caller_may_not_read_is_one_line_and_exit_2():
+    # an unprivileged user points diagnose at root's rank: the product's permission path, for real
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the command as another user and own the job")
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    rank = subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
+    try:
+        with runnable_by_others(sys.executable, sys.prefix, REPO):
+            out = subprocess.run([sys.executable, "-m", "scout_sys", "diagnose", "--job", str(rank.pid)],
+                                 capture_output=True, text=True, timeout=60, cwd="/", env={**os.environ, "HOME": "/"},
+                                 user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[])
+        assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+        err = out.stderr.strip()
+        assert err.count("\n") == 0 and "Traceback" not in err, err
+        assert f"pid {rank.pid}" in err and "sudo" in err, err
+    finally:
+        rank.kill()
+        rank.wait()

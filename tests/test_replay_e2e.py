@@ -148,6 +148,7 @@ def _cpu_cgroup(quota_us: int, period_us: int = 100_000) -> tuple[str, str]:
     raise AssertionError
 
 
+@pytest.mark.serial  # load-sensitive: run alone (see tests/README.md)
 def test_rank_held_to_a_cpu_sliver_by_its_cgroup_is_a_straggler(start_job, tmp_path):
     procs, folder = _cpu_cgroup(5_000)  # 5% of one CPU, shared with the rank itself
     job = None

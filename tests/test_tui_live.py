@@ -95,7 +95,8 @@ def _tmux(sock: str, *args: str) -> str:
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_watch_command_in_tmux(start_job: Any, tmp_path: Any) -> None:
-    job = start_job(4, fault="hang", fault_rank=2)
+    go = tmp_path / "go"  # the fault waits for the healthy screen: a slow start must not miss it
+    job = start_job(4, fault="hang", fault_rank=2, args=["--fault-when", str(go)])
     job.wait_steps(1, timeout=120)
     sock = f"scout-test-{os.getpid()}"
     rc_file = tmp_path / "rc"
@@ -107,6 +108,7 @@ def test_watch_command_in_tmux(start_job: Any, tmp_path: Any) -> None:
     try:
         screen = _wait_screen(sock, "HEALTHY", 60)
         assert "4 ranks" in screen
+        go.touch()
         job.wait_fault(timeout=120)
         screen = _wait_screen(sock, "INCIDENT hang rank 2", STALL_AFTER + 30)
         assert "suspect" in screen and "OPEN hang" in screen

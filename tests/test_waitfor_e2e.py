@@ -28,7 +28,6 @@ from tests.test_watch import watch_cli  # noqa: F401 (fixture)
 pytestmark = pytest.mark.slow
 MEGATRON = os.path.join(JOBS, "megatron_job.py")
 LAYOUTS = os.path.join(JOBS, "layouts.py")
-megatron = pytest.importorskip("megatron.core", reason="megatron-core is installed by `make` (requirements.txt)")
 
 
 def _diagnose(pid: int, window: float = 2.5) -> tuple[int, dict]:
@@ -67,6 +66,7 @@ def test_megatron_lock_opens_in_watch(start_job, watch_cli):  # noqa: F811
     e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["kind"] == "hang"
                      and e["incident"]["status"] == "attributed", timeout=60)
     assert e["incident"]["ranks"] == [1], e
+    assert w.opened() == [("hang", "attributed", [1])], w.events
 
 
 def test_dtensor_dp2_tp2_hang_named_without_topology(start_job):
@@ -115,3 +115,4 @@ def test_dtensor_tp_desync_in_watch(start_job, watch_cli, tmp_path):  # noqa: F8
     e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["status"] == "attributed",
                      timeout=60)
     assert (e["incident"]["kind"], e["incident"]["ranks"]) == ("collective_desync", [2]), e
+    assert w.opened() == [("collective_desync", "attributed", [2])], w.events

@@ -76,6 +76,12 @@ class WatchCli:
                              f"{'exited ' + str(self.proc.returncode) if self.proc.poll() is not None else 'running'}; "
                              f"stderr: {''.join(self.errors[-40:])}")
 
+    def opened(self) -> list[tuple[str, str, list[int]]]:
+        """(kind, status, ranks) of every incident the watch opened so far: a test that names one
+        checks that no other was opened beside it."""
+        return [(e["incident"]["kind"], e["incident"]["status"], e["incident"]["ranks"])
+                for e in list(self.events) if e.get("event") == "incident_opened"]
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -165,6 +171,7 @@ def _cpu_cgroup(quota_us: int) -> tuple[str, str]:
     return d, f"{d}/cgroup.procs"
 
 
+@pytest.mark.serial  # load-sensitive: run alone (see tests/README.md)
 @pytest.mark.skipif(os.geteuid() != 0, reason="creating a cgroup needs root")
 def test_straggler_throttled_by_a_cgroup_cpu_quota(start_job, tmp_path):
     job = start_job(4, args=["--hidden", "512"])
@@ -184,6 +191,7 @@ def test_straggler_throttled_by_a_cgroup_cpu_quota(start_job, tmp_path):
         os.rmdir(cg)
 
 
+@pytest.mark.serial  # load-sensitive: run alone (see tests/README.md)
 def test_healthy_job_watched_for_a_minute_opens_nothing(start_job, watch_cli, tmp_path):
     job = start_job(4)
     job.wait_steps(2)
@@ -194,6 +202,7 @@ def test_healthy_job_watched_for_a_minute_opens_nothing(start_job, watch_cli, tm
     assert w.stop() == 0
 
 
+@pytest.mark.serial  # load-sensitive: run alone (see tests/README.md)
 def test_periodic_checkpoint_pause_opens_no_incident(start_job, tmp_path):
     # rank 0 writes a checkpoint for ~2.5 s every 40 steps while the others wait at a barrier
     job = start_job(4, args=["--checkpoint-every", "40", "--checkpoint-seconds", "2.5"])

@@ -226,6 +226,20 @@ def test_hang_watch_suspects_at_stall_after_and_backs_off_after_a_clean_window()
     assert h.decide(T0 + 6.1, 6.0, STACK, decisive=False, hang_open=False, learning=True).confirm  # quiet over
 
 
+def test_hang_watch_holds_back_a_first_window_that_names_nobody_and_opens_when_the_next_agrees():
+    unnamed = _hang(0, status=INCONCLUSIVE)
+    h = HangWatch(stall_after=5.0)
+    assert h.decide(T0, 6.0, STACK, decisive=False, hang_open=False, learning=True).confirm
+    h.confirmed(T0, found=True, stall=6.0)
+    assert h.hold([unnamed], hang_open=False)  # nobody named so far
+    assert h.decide(T0 + 0.5, 6.5, STACK, decisive=False, hang_open=False, learning=True).confirm  # look again now
+    assert not h.hold([unnamed], hang_open=False)  # the next window agrees: open it
+    assert not h.hold([_hang(2)], hang_open=False)  # an origin is never held back
+    assert h.hold([unnamed], hang_open=False)  # nobody named after an origin: held again
+    assert not h.hold([unnamed], hang_open=True)  # an open hang stays as the window says
+    assert not h.hold([], hang_open=False)
+
+
 def test_hang_watch_reconfirms_an_open_hang_periodically_and_sooner_on_progress():
     h = HangWatch(stall_after=5.0)
     h.confirmed(T0, found=True, stall=6.0)

@@ -135,7 +135,10 @@ class ClusterWatcher:
         if d.confirm:
             self.last, self.cluster = client.diagnose(CONFIRM_WINDOW)
             found = list(self.last.incidents)
-            self.hang.confirmed(now, found=any(i.kind in HANG_KINDS for i in found), stall=stall)
+            hangs = [i for i in found if i.kind in HANG_KINDS]
+            self.hang.confirmed(now, found=bool(hangs), stall=stall)
+            if self.hang.hold(hangs, hang_open=hang_open):  # nobody named yet: the next poll looks again
+                found = [i for i in found if i.kind not in HANG_KINDS]
             if d.suspect and not hang_open:
                 found = with_trigger(found, d, self.stall_after)
             unobserved = frozenset(u["rank"] for u in self.cluster.get("not_observed", ()))

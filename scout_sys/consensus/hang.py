@@ -325,10 +325,24 @@ def _analyze_group(job: Job, g: dict[int, Activity], window: tuple[float, float]
             evidence=(_majority_evidence(job, acts, label),),
         )], []
 
+    no_progress_sig = v.signature is not None and v.signature[0] == "still"
+    if v.status == c3.AGREE and no_progress_sig and job.remote:
+        # The GPU shape seen from one host of a multi-node job: every rank here made no progress over
+        # the window at one sync point outside any collective frame (spinning or asleep), none is
+        # elsewhere. The rank they wait for runs on another host: the same common mode as above.
+        acts = list(g.values())
+        label = wait_phrase(acts[0])
+        return [Incident(
+            kind=HANG, status=INCONCLUSIVE, ranks=(), hosts=tuple(sorted({job.host_of(r) for r in g})),
+            since=_since(acts, window[0]),
+            summary=(f"all {n} ranks here wait {label} and none is elsewhere: common-mode hang; the origin is "
+                     f"outside these ranks ({ranks_text(list(job.remote))} on other hosts, the network, the store)"),
+            evidence=(_majority_evidence(job, acts, label),),
+        )], []
+
     # Witnesses: a strict majority that made no progress over the window at one place, inside a
     # collective (the Gloo shape) or outside any (the GPU shape: the collective was only enqueued and
     # the rank waits for it at a sync point, spinning or asleep).
-    no_progress_sig = v.signature is not None and v.signature[0] == "still"
     if v.attributed and (waiting_sig or no_progress_sig):
         majority = [g[r] for r in v.majority]
         minority = [g[r] for r in v.minority]

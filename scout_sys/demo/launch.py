@@ -9,6 +9,7 @@ by pid and process group, never by name.
 from __future__ import annotations
 
 import os
+import random
 import re
 import shlex
 import signal
@@ -22,8 +23,24 @@ import uuid
 MARKER = "SCOUT_DEMO_JOB"
 
 
+# Below the kernel's ephemeral range (ip_local_port_range, 32768-60999 by default), which every
+# outgoing connection draws from: a port from bind(0) is free only until the next connect() of any
+# job on the host takes it (Gloo opens one per peer), and the launcher's later bind then fails with
+# EADDRINUSE. Here only another explicit bind can collide, and that is checked.
+PORTS = (15000, 32000)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        port = rng.randrange(*PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # everything taken: let the kernel choose
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

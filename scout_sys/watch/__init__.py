@@ -256,6 +256,8 @@ class Watcher:
         if d.confirm:
             findings = self._confirm()
             self.hang.confirmed(now, found=bool(findings), stall=stall)
+            if self.hang.hold(findings, hang_open=hang_open):
+                findings = []  # nobody named yet: the next poll looks again
             if d.suspect and not hang_open:
                 findings = with_trigger(findings, d, self.stall_after)
         elif hang_open:

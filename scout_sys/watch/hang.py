@@ -6,7 +6,8 @@ stopped or died; it is *confirmed* by a short stack window judged by the same ru
 (the Watcher runs it). ``stall_after`` adapts: four times the longest no-progress stretch a strict
 majority went through while the job was healthy, never below 5 s (``--stall-after`` fixes it).
 
-While a hang is open a fresh window reconfirms it every ``RECONFIRM_EVERY`` seconds, sooner once
+A first window that names nobody (an inconclusive hang) is held back and looked at again at the next
+poll (:meth:`HangWatch.hold`): it opens when the second window agrees. While a hang is open a fresh window reconfirms it every ``RECONFIRM_EVERY`` seconds, sooner once
 progress is seen: only a stack window may close a hang, since /proc alone is fooled by the blip a
 native dump (ptrace) causes in a blocked thread. A suspicion that a window did not confirm is not
 looked at again for ``stall_after`` seconds unless a stronger signal (a stopped or dead rank, or a
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from scout_sys.model import HANG, Evidence, Incident
+from scout_sys.model import HANG, INCONCLUSIVE, Evidence, Incident
 
 MIN_STALL_AFTER = 5.0
 MAX_STALL_AFTER = 600.0
@@ -44,6 +45,7 @@ class HangWatch:
         self._last_window: float | None = None
         self._quiet_until = 0.0
         self._quiet_stall = 0.0
+        self._held = False  # the last window's hang findings named nobody (see hold)
 
     @property
     def stall_after(self) -> float:
@@ -78,6 +80,19 @@ class HangWatch:
             self._quiet_stall = stall
         else:
             self._quiet_until = 0.0
+
+    def hold(self, findings: Sequence[Incident], *, hang_open: bool) -> bool:
+        """Whether to hold back a window's hang findings: a first window that names nobody (every
+        finding inconclusive) opens only if the next window says so too. Right after a fault the
+        others' waits spread out for a moment (seconds on a loaded machine: a rank still on its way to
+        its wait, a pipeline neighbour still sending), and a window then sees no strict majority at
+        one place; the next one, a poll later, names the origin. A finding that names a rank is
+        never held. (Call :meth:`confirmed` with the window's own findings first: the next poll then
+        looks again at once.)"""
+        unnamed = bool(findings) and all(f.status == INCONCLUSIVE and not f.ranks for f in findings)
+        hold = unnamed and not hang_open and not self._held
+        self._held = unnamed
+        return hold
 
 
 def with_trigger(findings: Sequence[Incident], d: Decision, stall_after: float) -> list[Incident]:
