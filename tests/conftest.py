@@ -23,6 +23,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS = os.path.join(REPO, "tests", "jobs")
 
 
+# pytest-xdist's workers set COLUMNS=80 LINES=24 for their own output; every program a test starts
+# (the dashboard in tmux, the human lines of watch) would take them for the terminal's size.
+for _var in ("COLUMNS", "LINES"):
+    os.environ.pop(_var, None)
+
 STRICT_SKIPS = os.environ.get("SCOUT_SYS_STRICT_SKIPS") == "1" and os.environ.get("SCOUT_SYS_ALLOW_SKIPS") != "1"
 GUARDED = ("ebpf", "slow")  # markers of the tests that must run where make set up their prerequisites
 

@@ -115,4 +115,8 @@ def test_dtensor_tp_desync_in_watch(start_job, watch_cli, tmp_path):  # noqa: F8
     e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["status"] == "attributed",
                      timeout=60)
     assert (e["incident"]["kind"], e["incident"]["ranks"]) == ("collective_desync", [2]), e
-    assert w.opened() == [("collective_desync", "attributed", [2])], w.events
+    # nobody else is ever named; an inconclusive hang may open first: the hang window sees a tie within
+    # each tp pair before the eBPF fingerprints name rank 2 (comparing equivalent tp groups: issue 22)
+    opened = w.opened()
+    assert ("collective_desync", "attributed", [2]) in opened, w.events
+    assert all(o == ("collective_desync", "attributed", [2]) or o == ("hang", "inconclusive", []) for o in opened), opened
