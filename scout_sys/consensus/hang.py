@@ -314,31 +314,12 @@ def _analyze_group(job: Job, g: dict[int, Activity], window: tuple[float, float]
     if v.status == c3.AGREE and waiting_sig and not all(a.wait and a.wait.direct for a in g.values()):
         # Every rank in backward together is a long step as often as a hang: say nothing.
         return [], [f"all {n} ranks are in {v.signature[1]} with their main thread off CPU"]
-    if v.status == c3.AGREE and waiting_sig:
-        acts = list(g.values())
-        label = wait_phrase(acts[0])
-        return [Incident(
-            kind=HANG, status=INCONCLUSIVE, ranks=(), hosts=tuple(sorted({job.host_of(r) for r in g})),
-            since=_since(acts, window[0]),
-            summary=(f"all {n} ranks wait {label} and none is elsewhere: common-mode hang; the origin is "
-                     "outside these ranks (a rank on another host, the network, the store)"),
-            evidence=(_majority_evidence(job, acts, label),),
-        )], []
-
     no_progress_sig = v.signature is not None and v.signature[0] == "still"
-    if v.status == c3.AGREE and no_progress_sig and job.remote:
-        # The GPU shape seen from one host of a multi-node job: every rank here made no progress over
-        # the window at one sync point outside any collective frame (spinning or asleep), none is
-        # elsewhere. The rank they wait for runs on another host: the same common mode as above.
-        acts = list(g.values())
-        label = wait_phrase(acts[0])
-        return [Incident(
-            kind=HANG, status=INCONCLUSIVE, ranks=(), hosts=tuple(sorted({job.host_of(r) for r in g})),
-            since=_since(acts, window[0]),
-            summary=(f"all {n} ranks here wait {label} and none is elsewhere: common-mode hang; the origin is "
-                     f"outside these ranks ({ranks_text(list(job.remote))} on other hosts, the network, the store)"),
-            evidence=(_majority_evidence(job, acts, label),),
-        )], []
+    if v.status == c3.AGREE and (waiting_sig or (no_progress_sig and job.remote)):
+        # Every rank waits at one place and none is elsewhere: inside one collective (the Gloo shape),
+        # or, seen from one host of a multi-node job, at one sync point outside any collective frame,
+        # spinning or asleep (the GPU shape). The rank they wait for is not among them.
+        return [_common_mode(job, list(g.values()), window)], []
 
     # Witnesses: a strict majority that made no progress over the window at one place, inside a
     # collective (the Gloo shape) or outside any (the GPU shape: the collective was only enqueued and
@@ -391,6 +372,18 @@ def _analyze_group(job: Job, g: dict[int, Activity], window: tuple[float, float]
             evidence=tuple(ev),
         )], []
     return [], []
+
+
+def _common_mode(job: Job, acts: list[Activity], window: tuple[float, float]) -> Incident:
+    label = wait_phrase(acts[0])
+    elsewhere = f"{ranks_text(job.remote)} on other hosts" if job.remote else "a rank on another host"
+    return Incident(
+        kind=HANG, status=INCONCLUSIVE, ranks=(), hosts=tuple(sorted({job.host_of(a.rank) for a in acts})),
+        since=_since(acts, window[0]),
+        summary=(f"all {len(acts)} ranks wait {label} and none is elsewhere: common-mode hang; the origin is "
+                 f"outside these ranks ({elsewhere}, the network, the store)"),
+        evidence=(_majority_evidence(job, acts, label),),
+    )
 
 
 def _attribute(job: Job, origins: list[Activity], witnesses: list[Activity], label: str, n: int,
