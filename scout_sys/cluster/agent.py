@@ -31,6 +31,7 @@ from scout_sys.cluster.beat import LocalWatch
 from scout_sys.cluster.store import Store
 from scout_sys.errors import BadToken, ScoutError, StoreUnreachable
 from scout_sys.model import Job, ProcSample
+from scout_sys.watch.restart import GRACE
 
 HEARTBEAT_EVERY = 1.0
 POLL = 0.2
@@ -75,6 +76,7 @@ class Agent:
         self._procs: list[ProcSample] | None = None  # the last heartbeat's /proc samples
         self._gap: dict[int, float] = {}  # request id -> when we first found it counted but not written
         self._last_find = -FIND_EVERY
+        self._partial_since: float | None = None  # since when some but not all ranks are there
         self.local = LocalWatch(HEARTBEAT_EVERY)
 
     # ------------------------------------------------------------------ store and run record
@@ -136,7 +138,8 @@ class Agent:
     # ------------------------------------------------------------------ the local job
     def _ensure_job(self) -> None:
         """Find (or find again, after a restart of the job) this host's ranks."""
-        if (self.job is not None and not self._all_gone()) or self.clock() - self._last_find < FIND_EVERY:
+        settled = self.job is not None and not self._all_gone() and not self.job.missing
+        if settled or self.clock() - self._last_find < FIND_EVERY:
             return
         self._last_find = self.clock()
         from scout_sys.job import find_job
@@ -151,7 +154,14 @@ class Agent:
             return
         job = replace(job, host=self.name, ranks=tuple(replace(r, host=self.name) for r in job.ranks))
         if self.job is not None and {r.pid for r in job.ranks} == {r.pid for r in self.job.ranks}:
-            return  # the same (dead) processes: they are reported as exited
+            return  # the same processes (dead ones are reported as exited)
+        # Started with the job (before its launcher forked every rank): wait for this host's
+        # LOCAL_WORLD_SIZE ranks, as `watch` does, for up to GRACE seconds after the first one; and a
+        # job bound with ranks missing is bound again when they appear.
+        self._partial_since = self._partial_since if self._partial_since is not None else self.clock()
+        if job.missing and self.job is None and self.clock() - self._partial_since < GRACE:
+            return
+        self._partial_since = None
         if self.monitor is not None:
             self.monitor.close()
         self.job, self.job_error = job, None
