@@ -90,7 +90,7 @@ def _replay(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _term)  # the workers are closed on the way out, as on SIGINT
     job = find_job(args.job)
     res = run_rounds(job, args.rounds, size=args.size, reps=args.reps, checkpoint=args.checkpoint,
-                     state_dir=args.state_dir or default_state_dir())
+                     state_dir=args.state_dir or default_state_dir(), covers=args.checkpoint)
     d = res.diagnosis
     if args.json:
         out = d.to_json()
