@@ -39,7 +39,7 @@ from scout_sys.replay.spy import CheckpointSpy
 
 Runner = Callable[..., ReplayResult]
 DUTY = 0.2  # at most this share of the wall clock in checkpoint rounds
-BUSY_LOAD = 3.0  # 1-minute load average per CPU above which a checkpoint round is skipped
+BUSY_LOAD = 6.0  # 1-minute load average per CPU above which a checkpoint round is skipped (workers are niced)
 SPY_EVERY = 2.0  # seconds between two looks for checkpoint files
 SETTLE = 1.0  # a file modified less than this long ago may still be being written
 
