@@ -6,8 +6,10 @@ Per checkpoint (a file, a DCP folder, or a folder of per-rank files):
   replicas (files of one folder with the same tensor names, shapes and dtypes, as DDP ranks each
   saving the model) equal tensor by tensor: files outside a strict majority are ``divergent``, two
   replicas that differ have no majority and are rejected together;
-- **coverage** (the replay ledger): a complete clean replay round between the previous checkpoint
-  (the newest older sibling) and this one.
+- **coverage** (the replay ledger): a complete clean replay round *of the job that wrote it* (matched
+  by the folders the watch saw it write checkpoints in, its working directory, or ``--job``) between
+  the previous checkpoint (the newest older sibling) and this one; an sdc on a GPU (by UUID) it ran
+  on, in any job's round before, rejects it. Other jobs' rounds never count.
 
 ``certified``: clean content and covered; ``rejected``: bad content, or sdc / inconclusive replay
 rounds in that interval; ``unverified``: clean content, no covering round.
