@@ -48,7 +48,10 @@ def ranks_text(ranks: Iterable[int], *, limit: int = MAX_SEGMENTS) -> str:
 
 def agent_event(e: Any) -> str:
     """A ``watch --cluster`` agent event (cluster/watch.py ``AgentEvent``) for people:
-    ``agent node 1 (node7) lost, ranks 2-3: no heartbeat for 5 s: its ranks are not observed``."""
+    ``agent node 1 (node7) lost, ranks 2-3: no heartbeat for 5 s: its ranks are not observed``.
+    Other news of the monitor that carries its own text (``checkpoint_written``) says it itself."""
+    if hasattr(e, "text"):
+        return str(e.text())
     what = "lost" if e.event == "agent_lost" else "back" if e.event == "agent_back" else e.event
     text = f"agent node {e.node} ({e.host}) {what}" + (f", {ranks_text(e.ranks)}" if e.ranks else "")
     return text + (f": {e.detail}" if e.detail else "")

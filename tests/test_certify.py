@@ -16,7 +16,7 @@ from scout_sys.model import DeviceRound, Job, KernelResult, Rank
 from scout_sys.replay import ledger
 from tests.conftest import scout
 
-KEYS = {"path", "step", "status", "reasons", "divergent", "nonfinite", "replay"}
+KEYS = {"path", "step", "status", "reasons", "divergent", "nonfinite", "replay", "job"}
 
 
 def state(seed: int = 0) -> dict:
@@ -25,14 +25,16 @@ def state(seed: int = 0) -> dict:
             "head.weight": torch.randn(4, 32, generator=g).to(torch.bfloat16)}
 
 
-def certify(*paths, state_dir) -> tuple[int, dict]:
-    out = scout("certify", *map(str, paths), "--state-dir", str(state_dir), "--json", timeout=120)
+def certify(*paths, state_dir, extra=()) -> tuple[int, dict]:
+    out = scout("certify", *map(str, paths), "--state-dir", str(state_dir), "--json", *extra, timeout=120)
     assert len(out.stdout.strip().splitlines()) == 1, out.stdout + out.stderr
     cert = json.loads(out.stdout)
-    assert set(cert) == {"schema", "time", "checkpoints", "recommended"}
+    assert set(cert) == {"schema", "time", "checkpoints", "recommended", "why", "next"}
     assert cert["schema"] == "scout-sys/certificate/v1"
     for c in cert["checkpoints"]:
         assert set(c) == KEYS and set(c["replay"]) == {"covered", "rounds"}
+    human = scout("certify", *map(str, paths), "--state-dir", str(state_dir), *extra, timeout=120)
+    assert human.returncode == out.returncode and "next: " in human.stdout
     return out.returncode, cert
 
 
@@ -41,14 +43,23 @@ def one(cert: dict) -> dict:
     return c
 
 
-def clean_round(state_dir, result: str = "clean") -> None:
-    """A replay round as the replay runner records it (its own entry function), now."""
-    j = Job(ranks=tuple(Rank(r, 100 + r, "h") for r in range(3)), world_size=3, launcher="t", launcher_pid=1,
+def clean_round(state_dir, result: str = "clean", *, cwd=None, launcher: int = 1, gpus: bool = False) -> None:
+    """A replay round as the replay runner records it (its own entry function), now, for the job of
+    launcher pid ``launcher`` started an hour ago in ``cwd`` (default: the state dir's parent, where
+    the tests write their checkpoints). ``gpus``: its devices are GPUs with UUIDs GPU-<launcher>-<r>."""
+    j = Job(ranks=tuple(Rank(r, 100 + r, "h") for r in range(3)), world_size=3, launcher="t", launcher_pid=launcher,
             host="h")
-    res = [DeviceRound(f"cpu/rank{r}", (r,), "cpu torch",
+    name = (lambda r: f"cuda:{r}") if gpus else (lambda r: f"cpu/rank{r}")
+    res = [DeviceRound(name(r), (r,), "cpu torch",
                        {"gemm": KernelResult("x" if (result == "sdc" and r == 2) else "a", 0.1)}) for r in range(3)]
     now = time.time()
-    ledger.append(str(state_dir), j, now - 0.01, now, res, rules.vote_digests(res), rules.vote_times(res))
+    ident = {"launcher_pid": launcher, "launcher_start": round(now - 3600, 2), "run_id": f"run{launcher}",
+             "host": "h", "world_size": 3, "ranks": [0, 1, 2],
+             "cwd": str(cwd if cwd is not None else os.path.dirname(str(state_dir))), "cmdline": "python train.py",
+             "checkpoint_dirs": []}
+    uuids = {f"cuda:{r}": f"GPU-{r}" for r in range(3)} if gpus else None
+    ledger.append(str(state_dir), j, now - 0.01, now, res, rules.vote_digests(res), rules.vote_times(res),
+                  ident=ident, uuids=uuids)
     time.sleep(0.05)
 
 
@@ -58,16 +69,69 @@ def test_clean_file_without_replay_is_unverified_then_certified_once_a_clean_rou
     rc, cert = certify(tmp_path / "step_100.pt", state_dir=tmp_path / "state")
     c = one(cert)
     assert (rc, c["status"], c["step"]) == (1, "unverified", 100)
-    assert "no complete clean replay round" in c["reasons"][0]
-    assert cert["recommended"] is None
+    assert "no job in the replay ledger wrote it" in c["reasons"][0]
+    assert cert["recommended"] is None and "--job" in cert["next"]
     clean_round(tmp_path / "state")
     torch.save(state(), tmp_path / "step_200.pt")
     rc, cert = certify(tmp_path / "step_100.pt", tmp_path / "step_200.pt", state_dir=tmp_path / "state")
     assert [c["status"] for c in cert["checkpoints"]] == ["unverified", "certified"]
     assert cert["checkpoints"][1]["replay"]["covered"] and cert["checkpoints"][1]["reasons"] == []
     assert cert["recommended"] == str(tmp_path / "step_200.pt")
+    assert cert["next"] == f"restart from {tmp_path / 'step_200.pt'}"
+    assert cert["checkpoints"][1]["job"]["launcher_pid"] == 1
     rc, cert = certify(tmp_path / "step_200.pt", state_dir=tmp_path / "state")
     assert rc == 0 and one(cert)["status"] == "certified"
+    torch.save(state(), tmp_path / "step_300.pt")  # no round of its job since step_200
+    rc, cert = certify(tmp_path / "step_300.pt", state_dir=tmp_path / "state")
+    assert (rc, one(cert)["status"]) == (1, "unverified")
+    assert "no complete clean replay round of its job run1" in one(cert)["reasons"][0]
+    assert "sudo scout-sys replay --job 1" in cert["next"]
+
+
+def test_another_jobs_rounds_neither_reject_nor_certify(tmp_path):
+    """Two jobs share one state dir: job 7 (in tmp/other) computed other bits on cpu/rank2, job 8
+    (in tmp/other too, later) ran clean rounds. A checkpoint of a third job in tmp/mine is none of theirs."""
+    (tmp_path / "other").mkdir()
+    (tmp_path / "mine").mkdir()
+    torch.save(state(), tmp_path / "mine" / "step_1.pt")
+    time.sleep(0.05)
+    clean_round(tmp_path / "state", "sdc", cwd=tmp_path / "other", launcher=7)
+    clean_round(tmp_path / "state", cwd=tmp_path / "other", launcher=8)
+    torch.save(state(), tmp_path / "mine" / "step_2.pt")
+    rc, cert = certify(tmp_path / "mine" / "step_2.pt", state_dir=tmp_path / "state")
+    c = one(cert)
+    assert (rc, c["status"], c["job"]) == (1, "unverified", None), c
+    assert not any("sdc" in r for r in c["reasons"])
+    # Its own job's clean round certifies it; the other jobs' sdc on cpu/rank2 still does not count.
+    clean_round(tmp_path / "state", cwd=tmp_path / "mine", launcher=9)
+    torch.save(state(), tmp_path / "mine" / "step_3.pt")
+    rc, cert = certify(tmp_path / "mine" / "step_3.pt", state_dir=tmp_path / "state")
+    assert (rc, one(cert)["status"], one(cert)["job"]["launcher_pid"]) == (0, "certified", 9), cert
+
+
+def test_an_sdc_on_a_gpu_rejects_later_checkpoints_computed_on_it_in_any_job(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    clean_round(tmp_path / "state", "sdc", cwd=tmp_path / "a", launcher=7, gpus=True)  # GPU-2 is bad
+    clean_round(tmp_path / "state", cwd=tmp_path / "b", launcher=8, gpus=True)  # job 8: clean, same GPUs
+    torch.save(state(), tmp_path / "b" / "step_5.pt")
+    rc, cert = certify(tmp_path / "b" / "step_5.pt", state_dir=tmp_path / "state")
+    c = one(cert)
+    assert (rc, c["status"]) == (1, "rejected"), c
+    assert any("GPU GPU-2 computed other bits" in r and "launcher pid 7" in r for r in c["reasons"]), c["reasons"]
+
+
+def test_the_ledger_rotates_and_stays_readable(tmp_path, monkeypatch):
+    monkeypatch.setattr(ledger, "MAX_BYTES", 4000)  # about 6 rounds a generation
+    for _ in range(30):
+        clean_round(tmp_path / "state")
+    files = sorted(os.listdir(tmp_path / "state" / "replay"))
+    assert files == ["ledger.jsonl", "ledger.jsonl.1"]
+    assert all(os.path.getsize(tmp_path / "state" / "replay" / f) < 4000 + 2000 for f in files)
+    assert 2 <= len(ledger.read(str(tmp_path / "state"))) < 20
+    torch.save(state(), tmp_path / "step_9.pt")
+    rc, cert = certify(tmp_path / "step_9.pt", state_dir=tmp_path / "state")
+    assert (rc, one(cert)["status"]) == (0, "certified")
 
 
 def test_sdc_round_in_the_interval_rejects(tmp_path):
@@ -79,7 +143,8 @@ def test_sdc_round_in_the_interval_rejects(tmp_path):
     rc, cert = certify(tmp_path / "step_2.pt", state_dir=tmp_path / "state")
     c = one(cert)
     assert (rc, c["status"]) == (1, "rejected")
-    assert any("sdc on cpu/rank2" in r for r in c["reasons"])
+    assert any("sdc on cpu/rank2" in r and "job run1" in r for r in c["reasons"])
+    assert "previous certified" in cert["next"]
 
 
 def test_nonfinite_values_are_named(tmp_path):

@@ -95,8 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="when the job has no rank yet (watch started with the launcher), wait at most this long "
                         "for its ranks (default: as long as the selected process lives)")
     w.add_argument("--replay", action=argparse.BooleanOptionalAction, default=True,
-                   help="run a replay round (docs/replay.md) when a straggler is confirmed, to tell a slow device "
-                        "from a slow network or input pipeline (default: on)")
+                   help="replay rounds (docs/replay.md): one after each checkpoint the job's ranks write, so that "
+                        "certify can certify the next one (low priority, bounded duty cycle, skipped when the host is "
+                        "busy), and one when a straggler is confirmed, to tell a slow device from a slow network or "
+                        "input pipeline (default: on; --no-replay turns all of it off)")
     w.add_argument("--replay-every", type=float, default=None, metavar="SECONDS",
                    help="also run a replay round every so many seconds (sdc: silent data corruption; default: off)")
     _export_options(w)

@@ -30,9 +30,14 @@ examples:
   scout-sys certify ckpt/step_900 ckpt/step_1000 --json  # which one to restart from: "recommended"
   scout-sys certify model.safetensors optimizer.pt
 
-certified: content clean and a complete clean replay round between the previous checkpoint and this
-one; rejected: unreadable, truncated, code-carrying pickle (never executed), NaN/Inf, a divergent
-replica, or sdc/inconclusive replay in that interval; unverified: clean content, no covering round.
+  sudo scout-sys certify --job 12345 ckpt/step_1000      # name the running job that wrote it
+
+certified: content clean and a complete clean replay round of the job that wrote it (found by its
+working / checkpoint directory in the ledger, or --job) between the previous checkpoint and this one;
+rejected: unreadable, truncated, code-carrying pickle (never executed), NaN/Inf, a divergent replica,
+sdc/inconclusive replay of that job in that interval, or an sdc on one of its GPUs (any job, before);
+unverified: clean content, no covering round of its job, or no known job wrote it.
+Rounds of other jobs never certify or reject a checkpoint. "next:" says what to do.
 exit status: 0 every checkpoint certified, 1 any unverified or rejected, 2 could not run.
 """
 
@@ -60,6 +65,9 @@ def _replay_parsers(sub: argparse._SubParsersAction) -> None:
                        epilog=_CERTIFY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("paths", nargs="+", metavar="PATH", help="checkpoint files or folders")
     c.add_argument("--state-dir", default=None, metavar="DIR", help="where the replay ledger is (as replay)")
+    c.add_argument("--job", default=None, metavar="SEL",
+                   help="the running job that wrote them (as replay --job); default: the job of the ledger whose "
+                        "checkpoint or working directory holds each path")
     c.add_argument("--json", action="store_true", help="print exactly one JSON object (scout-sys/certificate/v1)")
 
 
@@ -82,7 +90,7 @@ def _replay(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _term)  # the workers are closed on the way out, as on SIGINT
     job = find_job(args.job)
     res = run_rounds(job, args.rounds, size=args.size, reps=args.reps, checkpoint=args.checkpoint,
-                     state_dir=args.state_dir or default_state_dir())
+                     state_dir=args.state_dir or default_state_dir(), covers=args.checkpoint)
     d = res.diagnosis
     if args.json:
         out = d.to_json()
@@ -97,6 +105,12 @@ def _certify(args: argparse.Namespace) -> int:
     from scout_sys.replay.certify import certify, render_certificate
     from scout_sys.watch.bundle import default_state_dir
 
-    cert = certify(args.paths, state_dir=args.state_dir or default_state_dir())
+    ident = None
+    if args.job:
+        from scout_sys.job import find_job
+        from scout_sys.replay.ledger import identity
+
+        ident = identity(find_job(args.job))
+    cert = certify(args.paths, state_dir=args.state_dir or default_state_dir(), job=ident)
     print(json.dumps(cert) if args.json else render_certificate(cert))
     return EXIT_OK if all(c["status"] == "certified" for c in cert["checkpoints"]) else EXIT_INCIDENT

@@ -75,7 +75,7 @@ class DemoJob:
                  launcher: str = "torchrun", args: list[str] | None = None, script: str | None = None,
                  module: str = "scout_sys.demo.train", torchrun_args: list[str] | None = None,
                  python: str | None = None, env: dict[str, str] | None = None, nnodes: int = 1,
-                 node_rank: int = 0, port: int | None = None) -> None:
+                 node_rank: int = 0, port: int | None = None, cwd: str | None = None) -> None:
         self.nproc = nproc
         self.launcher = launcher
         self.id = uuid.uuid4().hex[:12]
@@ -107,6 +107,7 @@ class DemoJob:
         self.env.setdefault("PYTHONUNBUFFERED", "1")
         self.log_path = os.path.join(tempfile.gettempdir(), f"scout-demo-{self.id}.log")
         self.proc: subprocess.Popen[bytes] | None = None
+        self.cwd = cwd
 
     @property
     def pid(self) -> int:
@@ -115,7 +116,7 @@ class DemoJob:
 
     def start(self) -> DemoJob:
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
                                          start_new_session=True, stdin=subprocess.DEVNULL)
         return self
 

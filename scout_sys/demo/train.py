@@ -71,6 +71,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--buckets", type=int, default=2, help="gradient buckets in the async shapes")
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--checkpoint-seconds", type=float, default=1.0)
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="with --checkpoint-every: rank 0 also keeps DIR/step_N.pt (one torch.save each), as a job would")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--max-seconds", type=float, default=600.0)
     return p.parse_args(argv)
@@ -271,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
                 if rank == 0:
                     mark("checkpoint", step=step)
                     write_checkpoint(model, args.checkpoint_seconds, ckpt)
+                    if args.checkpoint_dir:
+                        torch.save(model.state_dict(), os.path.join(args.checkpoint_dir, f"step_{step}.pt"))
                 dist.barrier()
             time.sleep(max(0.0, args.step_time - (time.time() - t0)) if args.step_time else 0.0)
             if rank == 0 and args.log_every and step % args.log_every == 0:

@@ -6,8 +6,10 @@ Per checkpoint (a file, a DCP folder, or a folder of per-rank files):
   replicas (files of one folder with the same tensor names, shapes and dtypes, as DDP ranks each
   saving the model) equal tensor by tensor: files outside a strict majority are ``divergent``, two
   replicas that differ have no majority and are rejected together;
-- **coverage** (the replay ledger): a complete clean replay round between the previous checkpoint
-  (the newest older sibling) and this one.
+- **coverage** (the replay ledger): a complete clean replay round *of the job that wrote it* (matched
+  by the folders the watch saw it write checkpoints in, its working directory, or ``--job``) between
+  the previous checkpoint (the newest older sibling) and this one; an sdc on a GPU (by UUID) it ran
+  on, in any job's round before, rejects it. Other jobs' rounds never count.
 
 ``certified``: clean content and covered; ``rejected``: bad content, or sdc / inconclusive replay
 rounds in that interval; ``unverified``: clean content, no covering round.
@@ -136,25 +138,100 @@ def _shown(root: str, path: str) -> str:
 # --------------------------------------------------------------------------- coverage
 
 
-def _coverage(path: str, rounds: Sequence[dict[str, Any]]) -> tuple[bool, list[str], dict[str, Any]]:
+def jobs_of(rounds: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The jobs of the ledger by key: their newest identity, their rounds, the GPUs they ran on."""
+    out: dict[str, dict[str, Any]] = {}
+    for e in rounds:
+        ident = e.get("job") or {}
+        key = ident.get("key") or ledger.job_key(ident)
+        j = out.setdefault(key, {"key": key, "ident": ident, "rounds": [], "uuids": set(), "dirs": set(),
+                                 "checkpoints": set()})
+        j["ident"] = ident
+        j["rounds"].append(e)
+        j["uuids"] |= {d["uuid"] for d in e.get("devices", ()) if d.get("uuid")}
+        j["dirs"] |= set(ident.get("checkpoint_dirs") or ())
+        if e.get("checkpoint"):
+            j["checkpoints"].add(e["checkpoint"])
+            j["dirs"].add(os.path.dirname(e["checkpoint"]))
+    return out
+
+
+def _under(path: str, d: str | None) -> bool:
+    if not d:
+        return False
+    d = os.path.abspath(d)
+    return path == d or path.startswith(d.rstrip(os.sep) + os.sep)
+
+
+def writer_of(path: str, t: float, jobs: dict[str, dict[str, Any]]) -> tuple[dict[str, Any] | None, str]:
+    """The known job that wrote ``path`` (written at ``t``) and how we know; (None, why not).
+
+    A job the watch saw writing checkpoints in the file's folder beats one whose working directory
+    holds it; among those, the newest job that started before the file was written."""
+    me = os.path.abspath(path)
+    best: tuple[tuple[int, float], dict[str, Any], str] | None = None
+    for j in jobs.values():
+        ident = j["ident"]
+        start = ident.get("launcher_start") or min(float(e.get("started", e["time"])) for e in j["rounds"])
+        if start > t:
+            continue  # started after the file was written
+        if me in j["checkpoints"] or any(_under(me, d) for d in j["dirs"]):
+            rank, how = 2, "the watch saw its ranks write checkpoints there"
+        elif _under(me, ident.get("cwd")):
+            rank, how = 1, f"it lies under the job's working directory {ident.get('cwd')}"
+        else:
+            continue
+        if best is None or (rank, start) > best[0]:
+            best = ((rank, start), j, how)
+    if best is None:
+        return None, "no job in the replay ledger wrote it (not under a watched job's working or checkpoint " \
+                     "directory): name the job with --job while it runs"
+    return best[1], best[2]
+
+
+def describe(ident: dict[str, Any]) -> str:
+    start = ident.get("launcher_start")
+    return (f"job {ident.get('run_id') or '-'} (launcher pid {ident.get('launcher_pid')}"
+            + (f", started {_clock(start)}" if start else "") + f", host {ident.get('host')})")
+
+
+def _coverage(path: str, job: dict[str, Any] | None, how: str, jobs: dict[str, dict[str, Any]],
+              rounds: Sequence[dict[str, Any]]) -> tuple[bool, list[str], dict[str, Any]]:
     t = written_at(path)
     prev = previous_checkpoint(path, t)
     lo = prev[1] if prev else float("-inf")
-    inside = [e for e in rounds if lo < float(e["time"]) <= t]
+    since = f"since {prev[0]}" if prev else "before it"
+    if job is None:
+        return False, [f"unverified: {how}"], {"covered": False, "rounds": [], "bad": False}
+    inside = [e for e in job["rounds"] if lo < float(e["time"]) <= t]
     bad = [e for e in inside if e.get("result") in (ledger.SDC, ledger.INCONCLUSIVE)]
     clean = [e for e in inside if e.get("result") == ledger.CLEAN]
     reasons: list[str] = []
-    since = f"since {prev[0]}" if prev else "before it"
     for e in bad:
         devs = [d["device"] for d in e.get("devices", ()) if d.get("result") == "divergent"]
-        reasons.append(f"replay round at {_clock(e['time'])} {since}: {e['result']}"
+        reasons.append(f"replay round of its {describe(job['ident'])} at {_clock(e['time'])} {since}: {e['result']}"
                        + (f" on {', '.join(devs)}" if devs else ""))
-    if not bad and not clean:
-        reasons.append(f"no complete clean replay round {since} (run scout-sys replay --job ... while training)")
+    # A GPU outlives a job: an sdc on one of its GPUs, in any job, before the file was written.
+    seen = {id(e) for e in bad}
+    gpu_bad = False
+    for e in rounds:
+        if id(e) in seen or float(e["time"]) > t:
+            continue
+        for d in e.get("devices", ()):
+            if d.get("result") == "divergent" and d.get("uuid") in job["uuids"]:
+                gpu_bad = True
+                reasons.append(f"GPU {d['uuid']} computed other bits (sdc) in a replay round of "
+                               f"{describe(e.get('job') or {})} at {_clock(e['time'])}; this checkpoint was computed "
+                               "on it")
+    if not bad and not clean and not gpu_bad:
+        pid = job["ident"].get("launcher_pid") or "PID"
+        reasons.append(f"no complete clean replay round of its {describe(job['ident'])} {since} (run one now: "
+                       f"sudo scout-sys replay --job {pid}, while it trains)")
     summary = [{"time": e["time"], "result": e.get("result"), "complete": e.get("complete"),
-                "devices": len(e.get("devices", ())), "job": e.get("job", {}).get("launcher_pid")} for e in inside]
-    return bool(clean) and not bad, reasons, {"covered": bool(clean) and not bad, "rounds": summary,
-                                              "bad": bool(bad)}
+                "devices": len(e.get("devices", ())), "job": (e.get("job") or {}).get("launcher_pid")}
+               for e in inside]
+    ok = bool(clean) and not bad and not gpu_bad
+    return ok, reasons, {"covered": ok, "rounds": summary, "bad": bool(bad) or gpu_bad}
 
 
 def _clock(t: float) -> str:
@@ -164,8 +241,11 @@ def _clock(t: float) -> str:
 # --------------------------------------------------------------------------- the certificate
 
 
-def certify(paths: Sequence[str], *, state_dir: str, clock: Callable[[], float] = time.time) -> dict[str, Any]:
-    """The ``scout-sys/certificate/v1`` object for ``paths``. Raises ScoutError when it cannot run."""
+def certify(paths: Sequence[str], *, state_dir: str, job: dict[str, Any] | None = None,
+            clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """The ``scout-sys/certificate/v1`` object for ``paths``. ``job``: the identity of the job that
+    wrote them (``certify --job``, ``ledger.identity``), else each is matched to a job of the ledger.
+    Raises ScoutError when it cannot run."""
     for p in paths:
         if not os.path.exists(p):
             raise ScoutError(f"no such path: {p}")
@@ -177,10 +257,17 @@ def certify(paths: Sequence[str], *, state_dir: str, clock: Callable[[], float] 
     except ImportError:
         raise ScoutError("certify needs torch (pip install torch)") from None
     rounds = ledger.read(state_dir)
+    jobs = jobs_of(rounds)
+    if job is not None:
+        key = job.get("key") or ledger.job_key(job)
+        named = jobs.get(key) or {"key": key, "ident": job, "rounds": [], "uuids": set(), "dirs": set(),
+                                  "checkpoints": set()}
     out = []
     for p in paths:
         reasons, divergent, nonfinite = _content(p)
-        covered, cov_reasons, replay = _coverage(p, rounds)
+        t = written_at(p)
+        writer, how = (named, "named with --job") if job is not None else writer_of(p, t, jobs)
+        covered, cov_reasons, replay = _coverage(p, writer, how, jobs, rounds)
         bad_replay = replay.pop("bad")
         if reasons or bad_replay:
             status = REJECTED
@@ -190,13 +277,41 @@ def certify(paths: Sequence[str], *, state_dir: str, clock: Callable[[], float] 
             status = UNVERIFIED
         # Replay reasons count when they reject (sdc, inconclusive) or are why it is unverified.
         all_reasons = reasons + (cov_reasons if bad_replay or status == UNVERIFIED else [])
+        who = None if writer is None else {"key": writer["key"], "run_id": writer["ident"].get("run_id"),
+                                           "launcher_pid": writer["ident"].get("launcher_pid"),
+                                           "cwd": writer["ident"].get("cwd"), "matched": how}
         item = {"path": p, "step": step_of(p), "status": status, "reasons": all_reasons, "divergent": divergent,
-                "nonfinite": nonfinite, "replay": replay}
-        out.append((written_at(p), item))
+                "nonfinite": nonfinite, "replay": replay, "job": who}
+        out.append((t, item))
+    items = [i for _, i in out]
     certified = [(t, i) for t, i in out if i["status"] == CERTIFIED]
     recommended = max(certified, key=lambda ti: ti[0])[1]["path"] if certified else None
-    return {"schema": SCHEMA, "time": round(clock(), 3), "checkpoints": [i for _, i in out],
-            "recommended": recommended}
+    why, nxt = _advice(items, recommended)
+    return {"schema": SCHEMA, "time": round(clock(), 3), "checkpoints": items, "recommended": recommended,
+            "why": why, "next": nxt}
+
+
+def _advice(items: Sequence[dict[str, Any]], recommended: str | None) -> tuple[str, str]:
+    """(why ``recommended`` is what it is, what a person does next)."""
+    if recommended is not None:
+        newer = [i for i in items if i["status"] != CERTIFIED]
+        why = "the newest certified checkpoint given" + (
+            f" ({len(newer)} other(s) not certified: see their reasons)" if newer else "")
+        return why, f"restart from {recommended}"
+    rejected = [i for i in items if i["status"] == REJECTED]
+    unverified = [i for i in items if i["status"] == UNVERIFIED]
+    if unverified and not rejected:
+        i = unverified[-1]
+        pid = (i["job"] or {}).get("launcher_pid")
+        if i["job"] is None:
+            return ("no known job wrote it: " + (i["reasons"][-1] if i["reasons"] else "no round covers it"),
+                    "while the job runs: sudo scout-sys certify --job PID " + " ".join(x["path"] for x in items)
+                    + " (or run a round: sudo scout-sys replay --job PID)")
+        return ("no clean replay round of its job covered it",
+                f"run a round now: sudo scout-sys replay --job {pid or 'PID'}, then certify the next checkpoint; "
+                "or go back to the previous certified checkpoint")
+    why = "; ".join(f"{i['path']}: {i['reasons'][0]}" for i in rejected[:3] if i["reasons"]) or "none is certified"
+    return why, "go back to the previous certified checkpoint (certify the older ones to find it)"
 
 
 def render_certificate(cert: dict[str, Any]) -> str:
@@ -207,8 +322,15 @@ def render_certificate(cert: dict[str, Any]) -> str:
         for r in c["reasons"]:
             lines.append(f"  - {r}")
         n = len(c["replay"]["rounds"])
-        lines.append(f"  replay: {n} round{'s' if n != 1 else ''} in its interval, "
+        who = f" of {describe_item(c['job'])}" if c.get("job") else ""
+        lines.append(f"  replay: {n} round{'s' if n != 1 else ''}{who} in its interval, "
                      f"{'covered' if c['replay']['covered'] else 'not covered'}")
     rec = cert["recommended"]
-    lines.append(f"recommended: {rec}" if rec else "recommended: none (no checkpoint is certified)")
+    lines.append(f"recommended: {rec}" if rec else f"recommended: none ({cert.get('why', 'no checkpoint is certified')})")
+    if cert.get("next"):
+        lines.append(f"next: {cert['next']}")
     return "\n".join(printable(x) for x in lines)
+
+
+def describe_item(job: dict[str, Any]) -> str:
+    return f"job {job.get('run_id') or '-'} (launcher pid {job.get('launcher_pid')}; {job.get('matched')})"

@@ -6,6 +6,13 @@ returns findings, as the other parts of the loop do.
   (replay names the same device ``straggler``, source ``replay``) from a slow network, input
   pipeline or collective (every device runs the kernels at the same speed).
 - Every ``every`` seconds (``--replay-every``; off by default) it starts one too.
+- With ``checkpoints=True`` (watch's default, off with ``--no-replay``) it looks every few seconds
+  for checkpoint files the ranks write (``replay/spy.py``), reports each once
+  (:class:`CheckpointEvent`, ``checkpoint_written``), and after each one runs one round (``covers``
+  it in the ledger: the round lies in the interval before the next checkpoint, which certify asks
+  for), at the workers' low priority, with a bounded duty cycle (``DUTY``: the time between two
+  checkpoint rounds is at least the last round's duration / DUTY), skipped and said so when the host
+  is busy (load average over ``BUSY_LOAD`` per CPU).
 - One session at a time, in a thread; the loop never waits for it. ``step()`` returns the
   findings of a finished session once: the replay's incidents (``sdc``, ``straggler``), and for a
   straggler that triggered it and that replay did not confirm, an evidence item saying its device is
@@ -18,20 +25,47 @@ other findings; ``part.close()`` in ``close()``.
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from scout_sys.model import ATTRIBUTED, SDC, STRAGGLER, Evidence, Incident, Job
+from scout_sys.replay import ledger
 from scout_sys.replay.runner import ReplayCancelled, ReplayResult, run_rounds
+from scout_sys.replay.spy import CheckpointSpy
 
 Runner = Callable[..., ReplayResult]
+DUTY = 0.2  # at most this share of the wall clock in checkpoint rounds
+BUSY_LOAD = 6.0  # 1-minute load average per CPU above which a checkpoint round is skipped (workers are niced)
+SPY_EVERY = 2.0  # seconds between two looks for checkpoint files
+SETTLE = 1.0  # a file modified less than this long ago may still be being written
+
+
+@dataclass(frozen=True)
+class CheckpointEvent:
+    """``checkpoint_written``: the watched job wrote a checkpoint (docs/json.md)."""
+
+    event: str
+    time: float
+    path: str
+    written: float
+    replay: str  # what coverage does about it: "round started", "skipped: ...", "waiting: ..."
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event": self.event, "time": round(self.time, 3), "path": self.path,
+                "written": round(self.written, 3), "replay": self.replay}
+
+    def text(self) -> str:
+        return f"checkpoint {self.path} written; replay: {self.replay}"
 
 
 class ReplayPart:
     def __init__(self, job: Job, *, every: float | None = None, rounds: int = 2, state_dir: str | None = None,
-                 runner: Runner = run_rounds, started: float = 0.0, **kw: Any) -> None:
+                 runner: Runner = run_rounds, started: float = 0.0, checkpoints: bool = False,
+                 load: Callable[[], float] | None = None, **kw: Any) -> None:
         self.job = job
         self.every = every
         self.rounds = rounds
@@ -46,26 +80,44 @@ class ReplayPart:
         self.last: ReplayResult | None = None
         self.last_error: str | None = None
         self.running_since: float | None = None
+        self.spy = CheckpointSpy([r.pid for r in job.ranks], started) if checkpoints else None
+        self._next_spy = started
+        self._load = load or _load_per_cpu
+        self._pending: tuple[str, float] | None = None  # the newest checkpoint no round followed yet
+        self._last_round: tuple[float, float] = (float("-inf"), 0.0)  # (end, duration) of the last session
+        self.events: list[CheckpointEvent] = []  # checkpoint_written events, taken by the watch
+        self.skipped = 0
+
+    def ident(self) -> dict[str, Any]:
+        """The job's identity for the ledger, with the folders it was seen writing checkpoints in."""
+        return ledger.identity(self.job, sorted(self.spy.dirs) if self.spy else ())
 
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def request(self, reason: str, now: float, ranks: tuple[int, ...] = ()) -> bool:
+    def request(self, reason: str, now: float, ranks: tuple[int, ...] = (), *, rounds: int | None = None,
+                covers: str | None = None) -> bool:
         """Start a session now unless one runs. Returns whether one started (the dashboard's key)."""
         if self.running:
             return False
         self._stop.clear()
         self.running_since = now
+        kw = dict(self.kw)
+        if self.runner is run_rounds:
+            kw.update(ident=self.ident(), covers=covers)
+        n = rounds or self.rounds
 
         def work() -> None:
+            t0 = time.monotonic()
             try:
-                res = self.runner(self.job, self.rounds, state_dir=self.state_dir, stop=self._stop, **self.kw)
+                res = self.runner(self.job, n, state_dir=self.state_dir, stop=self._stop, **kw)
                 self._done = (reason, ranks, res, None)
             except ReplayCancelled:
                 self._done = None
             except Exception as e:  # noqa: BLE001 - a failed session is reported, the loop goes on
                 self._done = (reason, ranks, None, str(e) or type(e).__name__)
+            self._last_round = (time.monotonic(), time.monotonic() - t0)
 
         self._thread = threading.Thread(target=work, name="replay", daemon=True)
         self._thread.start()
@@ -93,7 +145,40 @@ class ReplayPart:
         if self._next is not None and now >= self._next and self._done is None:
             self._next = now + (self.every or 0.0)
             self.request("periodic", now)
+        self._coverage(now)
         return out
+
+    def _coverage(self, now: float) -> None:
+        """Look for new checkpoints; after each, one round (duty cycle, host load permitting)."""
+        if self.spy is None:
+            return
+        if now >= self._next_spy:
+            self._next_spy = now + SPY_EVERY
+            wall = time.time()
+            for path, t in self.spy.scan(settled=wall - SETTLE):
+                self._pending = (path, t)
+                self.events.append(CheckpointEvent("checkpoint_written", now, path, t, self._plan()))
+        if self._pending is None or self.running or self._done is not None:
+            return
+        why = self._plan()
+        if why == "round started" and self.request(f"checkpoint {self._pending[0]}", now, rounds=1,
+                                                   covers=self._pending[0]):
+            self._pending = None
+        elif why.startswith("skipped"):
+            self.skipped += 1
+            self._pending = None  # said so in its event; the next checkpoint gets the next chance
+
+    def _plan(self) -> str:
+        end, took = self._last_round
+        wait = took / DUTY - took - (time.monotonic() - end)
+        if self.running:
+            return "waiting: a replay round runs"
+        if wait > 0:
+            return f"waiting: duty cycle ({wait:.0f} s)"
+        load = self._load()
+        if load > BUSY_LOAD:
+            return f"skipped: host busy (load {load:.1f} per CPU)"
+        return "round started"
 
     def explain(self, inc: Incident) -> Evidence | None:
         """For a straggler from the job's signals: what the last replay says about its device."""
@@ -118,6 +203,13 @@ class ReplayPart:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+
+def _load_per_cpu() -> float:
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 0.0
 
 
 def _from_replay(inc: Incident) -> bool:

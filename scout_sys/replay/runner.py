@@ -346,11 +346,14 @@ class ReplayResult:
 
 def run_rounds(job: Job, rounds: int = 2, *, size: str = "default", reps: int = 3, seed: int = 1234,
                checkpoint: str | None = None, state_dir: str | None = None,
-               clock: Callable[[], float] = time.time, stop: threading.Event | None = None) -> ReplayResult:
+               clock: Callable[[], float] = time.time, stop: threading.Event | None = None,
+               ident: dict[str, Any] | None = None, covers: str | None = None) -> ReplayResult:
     """Start the workers, run ``rounds`` rounds, stop them; decide; append each round to the ledger
     under ``state_dir`` (none when ``state_dir`` is None). The library entry point of ``replay``
     (and of ``watch``, to tell a slow device from a slow network: see ``replay/live.py``). Setting
-    ``stop`` from another thread ends it within a second with ReplayCancelled, workers gone."""
+    ``stop`` from another thread ends it within a second with ReplayCancelled, workers gone.
+    ``ident``: the job's identity for the ledger (``ledger.identity``, read now when None);
+    ``covers``: the newest checkpoint the job wrote before this session (recorded with each round)."""
     if rounds < 1:
         raise ScoutError("--rounds must be at least 1")
     t0 = clock()
@@ -358,6 +361,11 @@ def run_rounds(job: Job, rounds: int = 2, *, size: str = "default", reps: int = 
     digests: list[rules.DigestVerdict] = []
     times: list[rules.SlowVerdict] = []
     ws = WorkerSet(job, size=size, reps=reps, seed=seed, checkpoint=checkpoint, stop=stop)
+    if state_dir and ident is None:
+        from scout_sys.replay.ledger import identity
+
+        ident = identity(job)  # while the job runs: its pids and cwd are gone after it
+    uuids = {d.name: d.uuid for d in ws.devices if d.uuid}
     with ws:
         for n in range(1, rounds + 1):
             started = clock()
@@ -368,7 +376,8 @@ def run_rounds(job: Job, rounds: int = 2, *, size: str = "default", reps: int = 
             if state_dir:
                 from scout_sys.replay.ledger import append
 
-                append(state_dir, job, started, clock(), res, digests[-1], times[-1])
+                append(state_dir, job, started, clock(), res, digests[-1], times[-1], ident=ident,
+                       checkpoint=covers, uuids=uuids)
         notes = ws.all_notes()
     return ReplayResult(_diagnose(job, all_rounds, digests, times, t0, clock(), notes),
                         tuple(all_rounds), tuple(digests), tuple(times))

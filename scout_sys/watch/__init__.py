@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scout_sys.consensus import hardware, lifecycle, peers
 from scout_sys.exporters import feed
@@ -145,7 +145,8 @@ class Watcher:
         self.monitor.start()
         if self.replay is not None:
             self.replay.close()
-        self.replay = ReplayPart(job, every=self.replay_every, state_dir=self.state_dir, started=now) \
+        self.replay = ReplayPart(job, every=self.replay_every, state_dir=self.state_dir, started=now,
+                                 checkpoints=self.replay_on) \
             if self.replay_on or self.replay_every else None
         self._replayed = []
         self._publish()
@@ -281,7 +282,9 @@ class Watcher:
         if self.replay.last_error:
             self._notes.append(f"replay round failed: {self.replay.last_error}")
             self.replay.last_error = None
-        return self.book.reconcile([f for f in self._replayed if f.kind == SDC], now, frozenset({SDC}))
+        news: list[Any] = list(self.replay.events)  # checkpoint_written (replay/live.py CheckpointEvent)
+        self.replay.events.clear()
+        return news + self.book.reconcile([f for f in self._replayed if f.kind == SDC], now, frozenset({SDC}))
 
     def replay_now(self) -> bool:
         """Start a replay round now (the dashboard's key); False when one runs already or replay is off."""

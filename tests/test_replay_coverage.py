@@ -1,0 +1,95 @@
+"""Coverage by default: ``watch`` with no replay flag over a healthy job that writes torch.save
+checkpoints notices each (``checkpoint_written``), runs a replay round after it, and the job's last
+checkpoint is ``certified`` by ``certify`` with no flag, from the ledger alone."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.conftest import REPO, scout
+from tests.test_watch import WatchCli
+
+pytestmark = [pytest.mark.slow]
+
+
+@pytest.mark.serial  # coverage skips rounds on a busy host (load over 6 per CPU): run alone
+def test_a_job_watched_from_launch_has_its_last_checkpoint_certified(start_job, tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    job = start_job(2, args=["--checkpoint-every", "60", "--checkpoint-seconds", "0.1", "--checkpoint-dir",
+                             "checkpoints", "--log-every", "10", "--step-time", "0.05"],
+                    env={"PYTHONPATH": REPO}, cwd=str(tmp_path))
+    w = WatchCli(job.pid, "--state-dir", str(tmp_path / "state"), "--no-ebpf")
+    try:
+        ledger = tmp_path / "state" / "replay" / "ledger.jsonl"
+        end = time.time() + 50
+        covering = None
+        while time.time() < end and covering is None:  # a clean round after one of its checkpoints
+            time.sleep(0.5)
+            if ledger.exists():
+                rounds = [json.loads(x) for x in ledger.read_text().splitlines()]
+                covering = next((e for e in rounds if e["result"] == "clean" and e["checkpoint"]), None)
+        assert covering is not None, (w.events, w.stderr())
+        written = [e for e in w.events if e["event"] == "checkpoint_written"]
+        assert written and written[0]["path"].startswith(str(tmp_path / "checkpoints")), w.events
+        after = w.wait_event(lambda e: e["event"] == "checkpoint_written" and e["written"] > covering["time"],
+                             timeout=30)
+    finally:
+        w.proc.terminate()
+        w.proc.wait(timeout=30)
+    job.stop()
+    out = scout("certify", after["path"], "--state-dir", str(tmp_path / "state"), "--json", timeout=120)
+    cert = json.loads(out.stdout)
+    (c,) = cert["checkpoints"]
+    assert (out.returncode, c["status"]) == (0, "certified"), cert
+    assert cert["recommended"] == after["path"] and cert["next"] == f"restart from {after['path']}"
+    assert c["job"]["cwd"] == str(tmp_path)
+
+
+def _save(path) -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; g = torch.Generator().manual_seed(0); "
+            "torch.save({'w': torch.randn(8, 8, generator=g)}, sys.argv[1])")
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=120)
+    time.sleep(0.05)
+
+
+def test_two_jobs_sharing_a_state_dir_judge_only_their_own_checkpoints(start_job, tmp_path):
+    """Job a: its rank 2 computes other bits (other CPU kernels: sdc); job b: healthy; one state dir."""
+    env_rank = f"{REPO}/tests/jobs/env_rank.py"
+    for d in ("a", "b", "nobody"):
+        (tmp_path / d).mkdir()
+    _save(tmp_path / "a" / "step_1.pt")
+    _save(tmp_path / "b" / "step_1.pt")
+    _save(tmp_path / "nobody" / "step_1.pt")
+    jobs = {}
+    for name, rank in (("a", "2"), ("b", "-1")):
+        jobs[name] = start_job(3, script=env_rank, args=[rank, "ATEN_CPU_CAPABILITY=default", "--", "--step-time",
+                                                        "0.05", "--log-every", "1"],
+                               env={"PYTHONPATH": REPO}, cwd=str(tmp_path / name))
+    for name, want in (("a", 1), ("b", 0)):
+        jobs[name].wait_steps(2, timeout=120)
+        out = scout("replay", "--job", str(jobs[name].pid), "--rounds", "1", "--size", "small", "--reps", "5",
+                    "--state-dir", str(tmp_path / "state"), "--json", timeout=300)
+        assert out.returncode == want, out.stdout + out.stderr
+    for d in ("a", "b", "nobody"):
+        _save(tmp_path / d / "step_2.pt")
+
+    def status(path, *extra):
+        out = scout("certify", str(path), "--state-dir", str(tmp_path / "state"), "--json", *extra, timeout=120)
+        (c,) = json.loads(out.stdout)["checkpoints"]
+        return c
+
+    b = status(tmp_path / "b" / "step_2.pt")
+    assert b["status"] == "certified" and not any("sdc" in r for r in b["reasons"]), b
+    a = status(tmp_path / "a" / "step_2.pt")
+    assert a["status"] == "rejected" and any("sdc on cpu/rank2" in r for r in a["reasons"]), a
+    n = status(tmp_path / "nobody" / "step_2.pt")
+    assert (n["status"], n["job"]) == ("unverified", None), n  # b's clean round does not certify it
+    assert "no job in the replay ledger wrote it" in n["reasons"][0]
+    named = status(tmp_path / "nobody" / "step_2.pt", "--job", str(jobs["b"].pid))  # b wrote it, says its user
+    assert named["status"] == "certified" and named["job"]["matched"] == "named with --job", named
