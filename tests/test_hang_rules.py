@@ -369,7 +369,7 @@ def test_common_mode_says_who_is_not_observed_and_which_progress_signals_it_had(
     for r in range(2):
         obs += _rank_obs(r, stacks=SPIN_A, status="running", main_cpu_per_s=0.95, cpu_per_s=1.0)
     (inc,), _, _ = _analyze(_remote_job(), obs)
-    assert "not observed here: ranks 2-3" in inc.summary, inc.summary
+    assert "ranks 2-3 on other hosts, not observed here" in inc.summary, inc.summary
     assert "progress signals available: main-thread stacks, other threads' stacks, CPU time, none moved" \
         in inc.summary, inc.summary
     sig = next(e for e in inc.evidence if "progress_signals" in e.data).data["progress_signals"]

@@ -13,8 +13,8 @@ slow batch) looks the same on the main threads' stacks for a while; what tells t
 - in ``watch``, **the job's own step history** (added by the watch, which knows it).
 
 A strict majority of the ranks whose collective sequence moved in the window is progress: the finding
-is dropped (with a note). Otherwise the verdict says which signals were available and that none moved,
-and which global ranks are not observed here.
+is dropped (with a note). Otherwise the verdict says which signals were available and that none moved
+(``hang._common_mode`` names the global ranks not observed here).
 
 Pure: no I/O, no clocks.
 """
@@ -154,7 +154,6 @@ def review(job: Job, incidents: list[Incident], acts: Mapping[int, Any], obs: Se
             notes.append(f"{ranks_text(ranks)} stood at one place, but their collective sequence moved in the "
                          "window: a long step, not a hang")
             continue
-        unseen = f"; not observed here: {ranks_text(job.remote)}" if job.remote else ""
-        out.append(replace(i, summary=f"{i.summary}{unseen}; progress signals available: {available_text(ev)}, "
+        out.append(replace(i, summary=f"{i.summary}; progress signals available: {available_text(ev)}, "
                            "none moved", evidence=i.evidence + (ev,)))
     return out, notes

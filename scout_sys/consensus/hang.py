@@ -378,7 +378,7 @@ def _analyze_group(job: Job, g: dict[int, Activity], window: tuple[float, float]
 
 def _common_mode(job: Job, acts: list[Activity], window: tuple[float, float]) -> Incident:
     label = wait_phrase(acts[0])
-    elsewhere = f"{ranks_text(job.remote)} on other hosts" if job.remote else "a rank on another host"
+    elsewhere = f"{ranks_text(job.remote)} on other hosts, not observed here" if job.remote else "a rank on another host"
     return Incident(
         kind=HANG, status=INCONCLUSIVE, ranks=(), hosts=tuple(sorted({job.host_of(a.rank) for a in acts})),
         since=_since(acts, window[0]),
