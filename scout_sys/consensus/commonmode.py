@@ -98,7 +98,8 @@ def signals(job: Job, acts: Mapping[int, Any], obs: Sequence[Observation], ranks
         progressed = 2 * len(moved) > len(ranks)
         last = max(coll.values())
         parts.append(f"collective sequence numbers (eBPF) of {ranks_text(sorted(coll))}: "
-                     + (f"moved on {ranks_text(moved)}" if moved else f"unchanged (last call at {last:.3f})"))
+                     + (f"moved on {ranks_text(moved)}" if moved
+                        else f"unchanged (the last call {max(0.0, window[1] - last):.1f} s before the window's end)"))
         data["collectives"] = {"available": True, "moved": moved}
     else:
         parts.append("collective sequence numbers: not available (no eBPF collective probe: diagnose --ebpf)")

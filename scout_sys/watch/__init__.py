@@ -278,7 +278,7 @@ class Watcher:
         step = steps[len(steps) // 2] if steps else None
         healthy = self.hang.healthy_stall
         text = ("the job's step history (watch): " + (f"steps took {step:.2f} s (median)" if step else "no step time yet")
-                + f"; the longest healthy no-progress stretch of a strict majority was {healthy:.1f} s, now {stall:.1f} s")
+                + f"; the longest healthy no-progress stretch of a strict majority was {healthy:.2f} s, now {stall:.1f} s")
         ev = Evidence("procfs", text, data={"step_history": {"median_step_s": None if step is None else round(step, 3),
                                                              "healthy_stall_s": round(healthy, 3),
                                                              "stall_s": round(stall, 3)}})
