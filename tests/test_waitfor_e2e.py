@@ -9,7 +9,9 @@ command line): the process groups are learned from the ranks' TCP connections
 - DTensor dp=2 x tp=2 (tests/jobs/layouts.py): rank 2 calls a broadcast in its tensor-parallel group
   where its partner runs the forward. The graph alone ends in a tie (a group of two in two collectives);
   the equivalent peers' majority comes from eBPF fingerprints when watched from the start:
-  collective_desync on rank 2.
+  collective_desync on rank 2. The same with all_gather (issue 22), and in ``diagnose --ebpf
+  --topology dp=2,tp=2`` when the fault comes inside its window: the tie within a pair of replicas is
+  decided over both tensor-parallel groups (three of four).
 - Healthy runs stay healthy.
 """
 
