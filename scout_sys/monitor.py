@@ -20,6 +20,7 @@ from scout_sys.model import (
     ATTRIBUTED,
     DESYNC,
     HANG,
+    INCONCLUSIVE,
     PROCESS_EXIT,
     PROCESS_STALL,
     Diagnosis,
@@ -32,6 +33,7 @@ from scout_sys.model import (
 from scout_sys.probes import Probe
 from scout_sys.probes.procfs import ProcfsProbe
 from scout_sys.probes.pystack import StackDumper
+from scout_sys.text import ranks_text
 
 STARTING = "starting"
 CLOSE_TIMEOUT = 1.0  # seconds close() waits for a probe still compiling; it detaches itself after
@@ -290,7 +292,11 @@ def merge_findings(*lists: Sequence[Incident]) -> list[Incident]:
     /proc sees that several ranks are dead, not in which order; the exit probe (lifecycle) names the
     first to die and calls the others its consequences. Its narrower process_exit takes the place of
     the wider one (whichever came first), so that the ranks that died of the first death are never
-    blamed beside it."""
+    blamed beside it.
+
+    A desync that the fingerprints attribute explains the waits that the stack rules could not
+    (every rank waits, no strict majority at one place): their inconclusive hang or desync becomes
+    the desync's evidence, not an incident beside it."""
     out: dict[tuple, Incident] = {}
     for findings in lists:
         for inc in findings:
@@ -312,7 +318,22 @@ def merge_findings(*lists: Sequence[Incident]) -> list[Incident]:
                 out[key] = replace(prev, evidence=prev.evidence + inc.evidence, since=min(prev.since, inc.since))
             else:
                 out[key] = inc
-    return list(out.values())
+    return _tie_explained(list(out.values()))
+
+
+def _tie_explained(incidents: list[Incident]) -> list[Incident]:
+    named = next((i for i in incidents if i.kind == DESYNC and i.status == ATTRIBUTED and i.ranks), None)
+    if named is None:
+        return incidents
+    tied = [i for i in incidents if i.kind in (HANG, DESYNC) and i.status == INCONCLUSIVE and not i.ranks]
+    if not tied:
+        return incidents
+    ev = tuple(Evidence("stack", f"the stacks alone could not tell ({i.summary}); the desync of "
+                        f"{ranks_text(named.ranks)} explains it",
+                        data={"was": i.kind, "status": i.status, "explained_by": list(named.ranks),
+                              "evidence": [e.text for e in i.evidence]}) for i in tied)
+    return [replace(i, evidence=i.evidence + ev) if i is named else i
+            for i in incidents if not any(i is t for t in tied)]
 
 
 def default_extra_probes() -> list[Probe]:

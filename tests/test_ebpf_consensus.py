@@ -207,3 +207,76 @@ def test_a_dead_rank_behind_in_sequence_is_one_incident_with_its_exit() -> None:
     found = Monitor(job(4)).decide(obs, (99.0, 100.0)).incidents  # the rules as diagnose and watch merge them
     assert [(i.kind, i.ranks) for i in found] == [(PROCESS_EXIT, (3,))], found
     assert any(e.source == "ebpf" and "behind" in e.text for e in found[0].evidence)
+
+
+def _grid(dims: tuple[str, str], peer_groups: tuple[tuple[int, ...], ...]) -> Job:
+    """Four ranks, tp fastest: rank r at (dims[0]=r // 2, dims[1]=r % 2), with the given peer groups."""
+    ranks = tuple(Rank(rank=r, pid=1000 + r, host="h", coords=((dims[0], r // 2), (dims[1], r % 2)))
+                  for r in range(4))
+    return Job(ranks=ranks, world_size=4, launcher="torchrun", launcher_pid=999, host="h",
+               peer_groups=peer_groups, layout="--topology")
+
+
+DP2_TP2 = _grid(("dp", "tp"), ((0, 2), (1, 3)))  # peers: the dp replicas of each tp rank
+
+
+def _tp_gather(odd_op: str = "allgather", odd_rank: int = 2, partner_op: str = "allreduce") -> list[CollectiveSample]:
+    """dp=2 x tp=2: every rank's tp group (gloo:0, 128-element all-reduces) up to #7; at #8 ranks 0, 1
+    (the other tp group) and the odd rank's partner all-reduce, the odd rank calls ``odd_op``."""
+    obs = []
+    for r in range(4):
+        op = odd_op if r == odd_rank else (partner_op if r == odd_rank ^ 1 else "allreduce")
+        fps = [ar(s, count=128) for s in range(5, 8)] + [ar(8, count=4 if op == "allgather" else 128, op=op)]
+        obs.append(sample(r, fps, group="gloo:0"))
+    return obs
+
+
+def test_a_tie_in_one_tp_group_is_decided_by_the_equivalent_tp_group() -> None:
+    """Rank 2 all-gathers where its tp partner 3 all-reduces: within the peer group (0, 2) it is one
+    against one; over both tp groups three of four ranks all-reduced at #8."""
+    (inc,) = desync.analyze(DP2_TP2, _tp_gather())
+    assert (inc.kind, inc.status, inc.ranks) == (DESYNC, ATTRIBUTED, (2,)), inc.summary
+    assert "#8" in inc.summary and "allgather" in inc.summary and "equivalent" in inc.summary
+    across = next(e for e in inc.evidence if "equivalent_groups" in e.data)
+    assert across.data["position"] == 8 and across.data["equivalent_groups"] == [[0, 2], [1, 3]]
+    assert {r: f["op"] for r, f in across.data["fingerprints"].items()} == {
+        "0": "allreduce", "1": "allreduce", "2": "allgather", "3": "allreduce"}
+    assert inc.evidence[0].rank == 2 and inc.evidence[0].data["fingerprint"]["op"] == "allgather"
+
+
+def test_equivalent_groups_healthy_and_two_against_two_name_nobody() -> None:
+    assert desync.analyze(DP2_TP2, _tp_gather(odd_op="allreduce")) == []
+    # ranks 2 and 3 call two other collectives than ranks 0, 1 (two against two): no strict majority
+    two = _tp_gather(partner_op="broadcast")
+    found = desync.analyze(DP2_TP2, two)
+    assert found and all((i.status, i.ranks) == (INCONCLUSIVE, ()) for i in found), [i.summary for i in found]
+
+
+def test_pipeline_stages_are_not_equivalent_groups() -> None:
+    """pp=2 x dp=2: the stages' groups hold other shards (other sizes); a tie in one stage stays one."""
+    pp2_dp2 = _grid(("pp", "dp"), ((0, 1), (2, 3)))
+    obs = []
+    for r in range(4):
+        op = "allgather" if r == 2 else "allreduce"
+        obs.append(sample(r, [ar(s, count=128) for s in range(5, 8)] + [ar(8, count=128, op=op)], group="gloo:0"))
+    found = desync.analyze(pp2_dp2, obs)
+    assert [(i.status, i.ranks) for i in found] == [(INCONCLUSIVE, ())], [i.summary for i in found]
+
+
+def test_an_attributed_desync_explains_the_stack_rules_tie() -> None:
+    """Every rank waits, the stacks alone see no strict majority (an inconclusive hang): the desync
+    the fingerprints name is the one incident, the tie its evidence."""
+    from scout_sys.model import HANG, Evidence, Incident
+    from scout_sys.monitor import merge_findings
+
+    tie = Incident(kind=HANG, status=INCONCLUSIVE, ranks=(), hosts=("h",), since=1.0,
+                   summary="no progress on any of 4 ranks, but no strict majority waits at one place",
+                   evidence=(Evidence("stack", "rank 2 waits in all_gather"),))
+    named = desync.analyze(DP2_TP2, _tp_gather())
+    (inc,) = merge_findings([tie], named)
+    assert (inc.kind, inc.status, inc.ranks) == (DESYNC, ATTRIBUTED, (2,))
+    folded = inc.evidence[-1]
+    assert folded.data["was"] == HANG and folded.data["explained_by"] == [2], folded
+    assert folded.data["evidence"] == ["rank 2 waits in all_gather"]
+    # without a named desync the tie stays
+    assert merge_findings([tie], []) == [tie]

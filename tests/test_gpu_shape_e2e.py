@@ -127,3 +127,53 @@ def test_two_node_job_seen_from_node_0_never_blames_a_local_rank(tmp_path):
             j.stop()
         for j in jobs:
             assert j.pids() == []
+
+
+@pytest.mark.serial  # a healthy spinning job must stay quiet: load-sensitive, run alone
+def test_two_node_spin_job_stopped_on_node_1_is_a_common_mode_hang_in_diagnose_and_watch(tmp_path):
+    """Issue 22: two launchers (--nnodes 2, 2 ranks each) of the GPU-shaped demo (async buckets, ranks
+    poll ``work.is_completed()``); rank 3 on node 1 stops itself. Pointed at node 0's launcher, both verbs
+    see ranks 0-1 spin at one sync point: a common-mode hang (never healthy), naming the ranks not
+    observed and the progress signals they had. Before the fault (its healthy twin) both stay quiet."""
+    from tests.test_watch import WatchCli
+
+    go = tmp_path / "go"
+    port = free_port()
+    jobs = [DemoJob(2, fault="stop", fault_rank=3, fault_step=3, port=port, nnodes=2, node_rank=k,
+                    args=["--sync", "spin", "--fault-when", str(go), "--log-every", "1"]) for k in (0, 1)]
+    w = None
+    try:
+        for j in jobs:
+            j.start()
+        jobs[0].wait_steps(3, timeout=120)
+        w = WatchCli(jobs[0].pid, "--stall-after", "4", "--no-ebpf", "--state-dir", str(tmp_path))
+        rc, d = diagnose_json(jobs[0].pid)
+        assert (rc, d["incidents"]) == (0, []), d["incidents"]  # healthy, spinning between steps
+        time.sleep(6.0)
+        assert w.opened() == [], w.events
+        go.touch()
+        faulty = jobs[1].wait_fault(timeout=60)
+        settle(jobs[0], faulty, parked_in="wait_for_buckets")
+        rc, d = diagnose_json(jobs[0].pid)
+        assert rc == 1 and origins(d) == [("hang", "inconclusive", [])], d["incidents"]
+        summary = d["incidents"][0]["summary"]
+        assert "common-mode hang" in summary and "ranks 2-3 on other hosts, not observed here" in summary, summary
+        assert "progress signals available: main-thread stacks" in summary and "none moved" in summary, summary
+        sig = next(e for e in d["incidents"][0]["evidence"] if "progress_signals" in e)["progress_signals"]
+        assert sig["collectives"] == {"available": False}, sig  # diagnose without --ebpf
+        e = w.wait_event(lambda e: e["event"] == "incident_opened", timeout=60)
+        inc = e["incident"]
+        assert (inc["kind"], inc["status"], inc["ranks"]) == ("hang", "inconclusive", []), inc
+        assert "common-mode hang" in inc["summary"] and "ranks 2-3 on other hosts, not observed here" in inc["summary"], inc
+        assert "the job's step history" in inc["summary"], inc["summary"]
+        assert any("step_history" in x for x in inc["evidence"]), inc["evidence"]
+        time.sleep(6.0)  # a reconfirming window later: still the one incident, never closed as healthy
+        assert w.opened() == [("hang", "inconclusive", [])], w.events
+        assert not any(x["event"] == "incident_closed" for x in w.events), w.events
+    finally:
+        if w is not None:
+            assert w.stop() in (0, 1)
+        for j in jobs:
+            j.stop()
+        for j in jobs:
+            assert j.pids() == []

@@ -348,3 +348,44 @@ def test_gpu_shape_seen_from_one_host_of_a_multi_node_job_is_common_mode():
     # the same two ranks as the whole job: nobody is elsewhere, and nothing is said (as before)
     incidents, _, _ = _analyze(_job(2), obs)
     assert incidents == []
+
+
+def _remote_job() -> Job:
+    return Job(ranks=tuple(Rank(rank=r, pid=1000 + r, host="h0", local_rank=r, world_size=4) for r in range(2)),
+               world_size=4, launcher="torchrun", launcher_pid=999, host="h0", remote=(2, 3))
+
+
+def _coll(rank: int, last_enter: float):
+    from scout_sys.model import CollectiveSample, Fingerprint
+
+    fp = Fingerprint(seq=7, op="allreduce", time=last_enter, count=64, dtype="float32", redop="sum")
+    return CollectiveSample(time=T0 + 4, rank=rank, pid=1000 + rank, backend="gloo", group="gloo:0", seq=7,
+                            completed=None, inside=False, last_enter=last_enter, last_exit=None, last=fp,
+                            recent=(fp,))
+
+
+def test_common_mode_says_who_is_not_observed_and_which_progress_signals_it_had():
+    obs = []
+    for r in range(2):
+        obs += _rank_obs(r, stacks=SPIN_A, status="running", main_cpu_per_s=0.95, cpu_per_s=1.0)
+    (inc,), _, _ = _analyze(_remote_job(), obs)
+    assert "ranks 2-3 on other hosts, not observed here" in inc.summary, inc.summary
+    assert "progress signals available: main-thread stacks, other threads' stacks, CPU time, none moved" \
+        in inc.summary, inc.summary
+    sig = next(e for e in inc.evidence if "progress_signals" in e.data).data["progress_signals"]
+    assert sig["collectives"] == {"available": False} and sig["threads"]["available"]
+    assert sig["cpu_outside_main_percent"] == {"0": 5.0, "1": 5.0} and sig["cpu_outside_main_moves"] == []
+    assert inc.evidence[0].data["not_observed"] == [2, 3]
+    # eBPF saw no collective since before the window: still a hang, and it says so
+    (inc,), _, _ = _analyze(_remote_job(), obs + [_coll(r, T0 - 30) for r in range(2)])
+    assert "collective sequence numbers" in inc.summary, inc.summary
+    sig = next(e for e in inc.evidence if "progress_signals" in e.data).data["progress_signals"]
+    assert sig["collectives"] == {"available": True, "moved": []}
+
+
+def test_common_mode_whose_collective_sequence_moves_is_a_long_step_not_a_hang():
+    obs = []
+    for r in range(2):
+        obs += _rank_obs(r, stacks=SPIN_A, status="running", main_cpu_per_s=0.95, cpu_per_s=1.0)
+    incidents, _, notes = _analyze(_remote_job(), obs + [_coll(r, T0 + 2) for r in range(2)])
+    assert incidents == [] and any("a long step, not a hang" in n for n in notes), notes

@@ -9,7 +9,9 @@ command line): the process groups are learned from the ranks' TCP connections
 - DTensor dp=2 x tp=2 (tests/jobs/layouts.py): rank 2 calls a broadcast in its tensor-parallel group
   where its partner runs the forward. The graph alone ends in a tie (a group of two in two collectives);
   the equivalent peers' majority comes from eBPF fingerprints when watched from the start:
-  collective_desync on rank 2.
+  collective_desync on rank 2. The same with all_gather (issue 22), and in ``diagnose --ebpf
+  --topology dp=2,tp=2`` when the fault comes inside its window: the tie within a pair of replicas is
+  decided over both tensor-parallel groups (three of four).
 - Healthy runs stay healthy.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 
 import pytest
@@ -98,11 +101,14 @@ def _wait_probe_up(port: int, probe: str, timeout: float) -> None:
     raise AssertionError(f"{probe} not attached within {timeout}s")
 
 
-def test_dtensor_tp_desync_in_watch(start_job, watch_cli, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("fault", ["tpdesync", "tpgather"])
+def test_dtensor_tp_desync_in_watch(start_job, watch_cli, tmp_path, fault):  # noqa: F811
+    """tpdesync: rank 2 broadcasts in its tp group; tpgather (issue 22): rank 2 all-gathers while its tp
+    partner 3 enters the forward's tp all-reduce, which ranks 0, 1 passed (they wait in the dp one)."""
     from scout_sys.demo.launch import free_port
 
     go = tmp_path / "go"
-    job = start_job(4, script=LAYOUTS, args=["--layout", "tp", "--fault", "tpdesync", "--fault-rank", "2",
+    job = start_job(4, script=LAYOUTS, args=["--layout", "tp", "--fault", fault, "--fault-rank", "2",
                                              "--fault-when", str(go)])
     job.wait_for(r"LAYOUT step 2", timeout=150)
     # eBPF from the start: the fault comes once the collectives probe is attached
@@ -111,12 +117,66 @@ def test_dtensor_tp_desync_in_watch(start_job, watch_cli, tmp_path):  # noqa: F8
     _wait_probe_up(port, "ebpf-collectives", timeout=120)
     time.sleep(1.0)
     go.touch()
-    job.wait_for(r"LAYOUT fault tpdesync rank=2", timeout=60)
-    e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["status"] == "attributed",
-                     timeout=60)
-    assert (e["incident"]["kind"], e["incident"]["ranks"]) == ("collective_desync", [2]), e
-    # nobody else is ever named; an inconclusive hang may open first: the hang window sees a tie within
-    # each tp pair before the eBPF fingerprints name rank 2 (comparing equivalent tp groups: issue 22)
-    opened = w.opened()
-    assert ("collective_desync", "attributed", [2]) in opened, w.events
-    assert all(o == ("collective_desync", "attributed", [2]) or o == ("hang", "inconclusive", []) for o in opened), opened
+    job.wait_for(rf"LAYOUT fault {fault} rank=2", timeout=60)
+    e = w.wait_event(lambda e: e["event"] == "incident_opened", timeout=60)
+    assert (e["incident"]["kind"], e["incident"]["status"], e["incident"]["ranks"]) == (
+        "collective_desync", "attributed", [2]), w.events
+    # the stack window's tie (every rank waits, no strict majority at one place) is the desync's
+    # evidence, not an incident of its own: the whole stream is the one desync, also a window later
+    time.sleep(6.0)
+    assert w.opened() == [("collective_desync", "attributed", [2])], w.events
+
+
+def _window_started(diag: subprocess.Popen, timeout: float) -> None:
+    """Until ``diagnose`` takes its window's first stacks (a py-spy child): its probes are attached."""
+    import psutil
+
+    end = time.time() + timeout
+    while time.time() < end:
+        assert diag.poll() is None, diag.communicate()
+        try:
+            if any(c.name() == "py-spy" for c in psutil.Process(diag.pid).children(recursive=True)):
+                return
+        except psutil.Error:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"diagnose took no stack within {timeout}s")
+
+
+@pytest.mark.parametrize("fault", ["tpgather", "none"])
+def test_dtensor_tp_desync_in_diagnose_across_equivalent_tp_groups(start_job, tmp_path, fault):
+    """With the layout given (--topology dp=2,tp=2) the peer groups are the dp replicas, (0, 2) and
+    (1, 3): within (0, 2) rank 2's all_gather stands against rank 0's all-reduce, one against one. The
+    two tp groups are equivalent: at that position of their sequence three of four ranks all-reduced.
+    The fault comes inside the window of ``diagnose --ebpf`` (fingerprints are taken at each call).
+    Its healthy twin stays healthy."""
+    import sys
+
+    go = tmp_path / "go"
+    job = start_job(4, script=LAYOUTS, args=["--layout", "tp", "--fault", fault, "--fault-rank", "2",
+                                             "--fault-when", str(go)])
+    job.wait_for(r"LAYOUT step 2", timeout=150)
+    diag = subprocess.Popen([sys.executable, "-m", "scout_sys", "diagnose", "--job", str(job.pid), "--ebpf",
+                             "--topology", "dp=2,tp=2", "--window", "6", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _window_started(diag, timeout=150)
+        go.touch()
+        if fault != "none":
+            job.wait_for(rf"LAYOUT fault {fault} rank=2", timeout=30)
+        out, err = diag.communicate(timeout=90)
+    finally:
+        if diag.poll() is None:
+            diag.kill()
+            diag.wait()
+    d = json.loads(out)
+    if fault == "none":
+        assert (diag.returncode, d["incidents"]) == (0, []), d["incidents"]
+        return
+    assert diag.returncode == 1, (err, d)
+    assert origins(d) == [("collective_desync", "attributed", [2])], d["incidents"]
+    inc = d["incidents"][0]
+    across = next(e for e in inc["evidence"] if "equivalent_groups" in e)
+    assert across["equivalent_groups"] == [[0, 2], [1, 3]], across
+    ops = {r: f["op"] for r, f in across["fingerprints"].items()}
+    assert ops == {"0": "allreduce", "1": "allreduce", "2": "allgather", "3": "allreduce"}, across

@@ -11,6 +11,12 @@ process group (``gloo:0``, ``nccl:1``, ...), using each rank's latest sample:
    ``#n`` for at least ``min_wait`` seconds, C3 votes on the sequence positions: ranks at another
    position are behind (they have not reached ``#n``) or ahead.
 
+3. **Across equivalent groups.** Where a peer group cannot tell (one call against another: a tie
+   within a pair), the same position of the same process group is compared over the ranks of every
+   equivalent peer group (:func:`equivalents`: the other tensor-parallel groups of a dp x tp job):
+   two equivalent groups of two give four ranks, and three of four are a strict majority. The rank
+   whose call differs from theirs is the origin, with the position and every rank's fingerprint.
+
 No strict majority: one ``inconclusive`` incident with every rank's evidence, once every rank of the
 peer group has a sample (until then a missing rank could make the majority: nothing is said yet).
 Point-to-point calls (send / recv) are not part of the sequence. Pure: no I/O, no clocks.
@@ -114,11 +120,80 @@ def analyze(job: Job, obs: Sequence[Observation], *, min_wait: float = MIN_WAIT)
     samples = align(latest(obs))
     out: list[Incident] = []
     for pg in sorted({g for g, _ in samples}):
+        found: list[tuple[tuple[int, ...], list[Incident]]] = []
         for peers in job.groups():
             group = {r: samples[(pg, r)] for r in peers if (pg, r) in samples}
             if len(group) >= 2:
-                out.extend(_analyze(job, pg, group, min_wait, len(peers)))
+                found.append((tuple(peers), _analyze(job, pg, group, min_wait, len(peers))))
+        out.extend(_across_equivalents(job, pg, samples, found))
     return out
+
+
+def equivalents(job: Job) -> tuple[tuple[int, ...], ...]:
+    """Ranks whose process groups of one kind are equivalent (:func:`scout_sys.consensus.peers.work_groups`:
+    every coordinate but dp, tp and cp equal): the other tensor-parallel groups of a dp x tp job issue
+    the same collectives in the same order as this one, so a position of one group's sequence is
+    compared with the same position of every equivalent group's. Pipeline stages are kept apart (their
+    shards, hence their collectives' sizes, differ)."""
+    from scout_sys.consensus.peers import work_groups  # peers -> waitresolve; imported late, no cycle
+
+    return work_groups(job)
+
+
+def _across_equivalents(job: Job, pg: str, samples: dict[tuple[str, int], CollectiveSample],
+                        found: list[tuple[tuple[int, ...], list[Incident]]]) -> list[Incident]:
+    """The peer groups' findings on ``pg``, where a peer group could not tell (one against one, a tie)
+    decided by the ranks of every equivalent group: a strict majority of them at a sequence position
+    names the rank whose call there differs (rule 1 over the wider set)."""
+    out = [i for _, inc in found for i in inc]
+    if not any(i.status == INCONCLUSIVE for i in out):
+        return out
+    for wide in equivalents(job):
+        inside = [(peers, inc) for peers, inc in found if set(peers) <= set(wide)]
+        if len(inside) < 2 or any(i.status == ATTRIBUTED for _, inc in inside for i in inc):
+            continue
+        tied = [i for _, inc in inside for i in inc if i.status == INCONCLUSIVE]
+        if not tied:
+            continue
+        group = {r: samples[(pg, r)] for r in wide if (pg, r) in samples}
+        named = _differing(job, pg, group, [p for p, _ in inside])
+        if named is not None:
+            out = [i for i in out if not any(i is t for t in tied)] + [named]
+    return out
+
+
+def _differing(job: Job, pg: str, group: dict[int, CollectiveSample],
+               peer_groups: list[tuple[int, ...]]) -> Incident | None:
+    """Rule 1 over the ranks of equivalent groups: the first common position where a strict majority
+    agrees and a minority differs; None when every position agrees or none has a strict majority."""
+    by_seq = {r: {f.seq: f for f in s.recent} for r, s in group.items()}
+    common = set.intersection(*(set(m) for m in by_seq.values())) if by_seq else set()
+    for pos in sorted(common):
+        v = c3.vote({r: by_seq[r][pos].key() for r in group})
+        if v.status == c3.AGREE:
+            continue
+        if v.status != c3.ATTRIBUTED:
+            return None
+        maj = by_seq[v.majority[0]][pos]
+        ev = [_fp_evidence(r, group[r], by_seq[r][pos], "differs") for r in v.minority]
+        ev.append(Evidence("ebpf", f"{ranks_text(v.majority)} {pg}: {maj.describe()}",
+                           data={"group": pg, "ranks": list(v.majority), "fingerprint": maj.to_json()}))
+        groups_text = "; ".join("(" + ", ".join(map(str, g)) + ")" for g in peer_groups)
+        ev.append(Evidence(
+            "ebpf", f"within its peer group one call stands against another (a tie); across the "
+            f"{len(peer_groups)} equivalent peer groups {groups_text}, {len(v.majority)} of {len(group)} ranks "
+            f"called {maj.describe()} at {pg} #{pos}",
+            data={"group": pg, "position": pos, "equivalent_groups": [list(g) for g in peer_groups],
+                  "fingerprints": {str(r): by_seq[r][pos].to_json() for r in sorted(group)}}))
+        diff = "; ".join(f"rank {r}: {by_seq[r][pos].describe()}" for r in v.minority)
+        return Incident(
+            kind=DESYNC, status=ATTRIBUTED, ranks=v.minority,
+            hosts=tuple(sorted({job.host_of(r) for r in v.minority})),
+            since=min(by_seq[r][pos].time for r in v.minority),
+            summary=(f"{ranks_text(v.minority)} called a different collective at {pg} #{pos}: {diff}; "
+                     f"the other {len(v.majority)} ranks of its equivalent groups called {maj.describe()}"),
+            evidence=tuple(ev))
+    return None
 
 
 def _fp_evidence(rank: int, s: CollectiveSample, f: Fingerprint | None, note: str = "") -> Evidence:

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from scout_sys.consensus import c3, waitresolve
+from scout_sys.consensus import c3, commonmode, waitresolve
 from scout_sys.consensus import groups as peer_groups
 from scout_sys.consensus.patterns import CollectiveWait, collective_of
 from scout_sys.model import (
@@ -277,7 +277,9 @@ def analyze_activities(job: Job, acts: dict[int, Activity], *, window: tuple[flo
     incidents, nts = peer_groups.across(job, groups, found, acts, _analyze_group, window, layout)
     # No origin from the peer-group vote: follow who waits for whom over the learned process groups.
     incidents, wf_notes = waitresolve.resolve(job, obs, acts, incidents, _attribute, window)
-    return incidents, acts, notes + nts + wf_notes
+    # A common mode: what still moves tells it from a long healthy step (consensus/commonmode.py).
+    incidents, cm_notes = commonmode.review(job, incidents, acts, obs, window)
+    return incidents, acts, notes + nts + wf_notes + cm_notes
 
 
 def _since(acts: Sequence[Activity], default: float) -> float:
@@ -376,14 +378,19 @@ def _analyze_group(job: Job, g: dict[int, Activity], window: tuple[float, float]
 
 def _common_mode(job: Job, acts: list[Activity], window: tuple[float, float]) -> Incident:
     label = wait_phrase(acts[0])
-    elsewhere = f"{ranks_text(job.remote)} on other hosts" if job.remote else "a rank on another host"
+    elsewhere = f"{ranks_text(job.remote)} on other hosts, not observed here" if job.remote else "a rank on another host"
     return Incident(
         kind=HANG, status=INCONCLUSIVE, ranks=(), hosts=tuple(sorted({job.host_of(a.rank) for a in acts})),
         since=_since(acts, window[0]),
         summary=(f"all {len(acts)} ranks wait {label} and none is elsewhere: common-mode hang; the origin is "
                  f"outside these ranks ({elsewhere}, the network, the store)"),
-        evidence=(_majority_evidence(job, acts, label),),
+        evidence=(_common_evidence(job, acts, label),),
     )
+
+
+def _common_evidence(job: Job, acts: list[Activity], label: str) -> Evidence:
+    ev = _majority_evidence(job, acts, label)
+    return replace(ev, data={**ev.data, commonmode.MARK: True, "not_observed": list(job.remote)})
 
 
 def _attribute(job: Job, origins: list[Activity], witnesses: list[Activity], label: str, n: int,

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from scout_sys.consensus import hardware, lifecycle, peers
+from scout_sys.consensus import commonmode, hardware, lifecycle, peers
 from scout_sys.exporters import feed
 from scout_sys.job import find_job
 from scout_sys.model import (
@@ -261,6 +261,7 @@ class Watcher:
                 findings = []  # nobody named yet: the next poll looks again
             if d.suspect and not hang_open:
                 findings = with_trigger(findings, d, self.stall_after)
+            findings = [self._with_step_history(f, stall) if commonmode.is_common_mode(f) else f for f in findings]
         elif hang_open:
             findings = self.book.of_kinds(HANG_KINDS)  # between two windows the hang stays as it was
         else:
@@ -269,6 +270,20 @@ class Watcher:
                         if f.ranks and all(any(p.rank == r and not p.alive for p in procs) for r in f.ranks)]
             self.views.from_procs(procs, now)
         return self.book.reconcile(findings, now, HANG_KINDS, on_open=self._on_open)
+
+    def _with_step_history(self, inc: Incident, stall: float) -> Incident:
+        """A common-mode hang with what the watch knows of the job's own steps: how long a strict
+        majority went without progress while healthy, and how long now (a long step stays within it)."""
+        steps = sorted(v for q in self.stragglers.period.values() for v in q)
+        step = steps[len(steps) // 2] if steps else None
+        healthy = self.hang.healthy_stall
+        text = ("the job's step history (watch): " + (f"steps took {step:.2f} s (median)" if step else "no step time yet")
+                + f"; the longest healthy no-progress stretch of a strict majority was {healthy:.2f} s, now {stall:.1f} s")
+        ev = Evidence("procfs", text, data={"step_history": {"median_step_s": None if step is None else round(step, 3),
+                                                             "healthy_stall_s": round(healthy, 3),
+                                                             "stall_s": round(stall, 3)}})
+        summary = inc.summary.replace(", none moved", ", the job's step history, none moved", 1)
+        return replace(inc, summary=summary, evidence=inc.evidence + (ev,))
 
     def _replay_step(self, now: float) -> list[Event]:
         """Start a replay round when one is due (a new straggler, or --replay-every); keep the last

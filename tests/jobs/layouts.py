@@ -11,6 +11,8 @@ Faults, on --fault-rank at --fault-step:
   hang    waits forever for a batch that never comes (outside any collective)
   desync  calls broadcast where its data-parallel peers all-reduce
   tpdesync  (tp) calls broadcast in its tensor-parallel group where its partner runs the forward
+  tpgather  (tp) calls all_gather in its tensor-parallel group where its partner enters the forward's
+            tensor-parallel all-reduce (the other tensor-parallel group passed it)
 --fault-when FILE holds the fault back until FILE exists (e.g. until a watch has attached its probes).
 
 Prints "LAYOUT step N" (rank 0) and "LAYOUT fault KIND rank=R pid=P coords=..." (the bad rank).
@@ -47,7 +49,7 @@ def sync_grads(params, group, rank: int, a) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layout", choices=["ddp", "fsdp", "pp", "tp"], required=True)
-    ap.add_argument("--fault", choices=["none", "hang", "desync", "tpdesync"], default="none")
+    ap.add_argument("--fault", choices=["none", "hang", "desync", "tpdesync", "tpgather"], default="none")
     ap.add_argument("--fault-rank", type=int, default=2)
     ap.add_argument("--fault-step", type=int, default=3)
     ap.add_argument("--fault-when", metavar="FILE",
@@ -127,6 +129,8 @@ def main() -> int:
         def step_fn(step: int) -> None:
             if a.faulty and a.fault == "tpdesync" and step == a.fault_step:
                 dist.broadcast(torch.zeros(4), src=dist.get_global_rank(tp_group, 0), group=tp_group)
+            if a.faulty and a.fault == "tpgather" and step == a.fault_step:
+                dist.all_gather([torch.zeros(4) for _ in range(2)], torch.zeros(4), group=tp_group)
             loss = model(x).pow(2).mean()
             loss.backward()
             sync_grads(list(model.parameters()), dp_group, rank, a)
