@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # An --on-incident hook for scout-sys watch: post the incident to a webhook (Slack-style {"text": ...})
-# and, for a hang-type incident attributed to ranks, drain their Slurm node(s) so the scheduler stops
-# placing jobs there.
+# and, with --drain, drain the Slurm node(s) of an attributed incident whose cause lies in the node:
+# `hardware` (its GPU reports ECC errors or slows itself down), `sdc` (its device computes other bits
+# than its peers), or a `straggler` that replay confirmed is a slow device. Never for `hang`,
+# `collective_desync`, `process_stall`, `process_exit` or a straggler replay cleared: those are
+# usually the job's code, its input pipeline or the network, and draining a healthy node for them
+# only shrinks the cluster (docs/runbook.md says whose each verdict is).
 #
-#   sudo scout-sys watch --job PID --headless --on-incident-user root \
+#   sudo scout-sys watch --job PID --headless --on-incident-user root --on-incident-all \
 #        --on-incident '/usr/local/bin/on-incident.sh --webhook https://hooks.example/T0/B0/x --drain'
+#
+# (--on-incident-all: a watch's straggler is confirmed by replay in an incident_updated event.)
 #
 # The event JSON (as `watch --headless --json` prints it) is on stdin; SCOUT_SYS_EVENT, _INCIDENT,
 # _KIND, _STATUS, _RANKS, _HOSTS and _BUNDLE are in the environment (docs/metrics.md).
@@ -47,12 +53,18 @@ if [ -n "$webhook" ]; then
         --data "$payload" "$webhook"
 fi
 
-# Drain only on a new, attributed hang-type incident: an inconclusive verdict names no node.
-if [ "$drain" = 1 ] && [ "$event" = incident_opened ] && [ "$status" = attributed ] && [ -n "$hosts" ]; then
+# Drain only for an attributed incident whose cause lies in the node; an inconclusive verdict names no node.
+in_node() {
     case "$kind" in
-        hang|process_stall|process_exit|collective_desync|hardware)
-            for node in ${hosts//,/ }; do
-                run scontrol update "nodename=${node%%.*}" state=drain "reason=scout-sys ${id}: ${kind} rank(s) ${ranks}"
-            done ;;
+        hardware|sdc) return 0 ;;
+        straggler)  # a slow device, as replay measured it (not a slow input pipeline or network)
+            [ "$(field 'any(x.get("source") == "replay" and ("peer_median" in x or x.get("text", "").startswith("replay confirms a slow device")) for x in e["incident"]["evidence"])')" = True ] ;;
+        *) return 1 ;;
     esac
+}
+case "$event" in incident_opened|incident_updated) opened=1 ;; *) opened=0 ;; esac
+if [ "$drain" = 1 ] && [ "$opened" = 1 ] && [ "$status" = attributed ] && [ -n "$hosts" ] && in_node; then
+    for node in ${hosts//,/ }; do
+        run scontrol update "nodename=${node%%.*}" state=drain "reason=scout-sys ${id}: ${kind} rank(s) ${ranks}"
+    done
 fi

@@ -425,3 +425,31 @@ def test_saved_reports_are_private(tmp_path) -> None:
     paths = save_report(_snapshot((HANG_2,)), str(tmp_path / "reports"))
     assert stat.S_IMODE(os.stat(tmp_path / "reports").st_mode) == 0o700
     assert [stat.S_IMODE(os.stat(p).st_mode) for p in paths] == [0o600, 0o600]
+
+
+def test_a_probe_with_nothing_to_observe_is_not_down() -> None:
+    """On a host without GPUs (this one) nvml is off for good: ScoutSysProbeDown (scout_sys_probe_up == 0)
+    must not fire for it forever. A probe that is off for a fault to fix still reads 0."""
+    from scout_sys.probes.nvml import NvmlProbe
+
+    no_driver = NvmlProbe().check()  # the real reason on this machine: no NVIDIA driver
+    assert no_driver is not None
+    ex = PrometheusExporter("127.0.0.1:0", job_name="llama")
+    try:
+        s = dataclasses.replace(_snapshot(), probes={"procfs": None, "nvml": no_driver,
+                                                     "ebpf-comms": "no NCCL library (libnccl.so*) mapped ...",
+                                                     "ebpf-collectives": "failed to start: bcc missing"})
+        ex.on_snapshot(s, 0.004)
+        m = _samples(generate_latest(ex.registry).decode())
+        assert _value(m, "scout_sys_probe_up", probe="nvml") is None
+        assert _value(m, "scout_sys_probe_up", probe="ebpf-comms") is None
+        assert _value(m, "scout_sys_probe_not_applicable", probe="nvml") == 1
+        assert _value(m, "scout_sys_probe_not_applicable", probe="ebpf-comms") == 1
+        assert _value(m, "scout_sys_probe_up", probe="ebpf-collectives") == 0
+        assert _value(m, "scout_sys_probe_up", probe="procfs") == 1
+        # nvml that fails on a host with a driver is a fault: it stays in probe_up, at 0
+        ex.on_snapshot(dataclasses.replace(s, probes={"nvml": "failed to start: NVMLError_Unknown"}), 0.004)
+        m = _samples(generate_latest(ex.registry).decode())
+        assert _value(m, "scout_sys_probe_up", probe="nvml") == 0
+    finally:
+        ex.close()
