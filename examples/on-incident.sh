@@ -11,6 +11,8 @@
 #        --on-incident '/usr/local/bin/on-incident.sh --webhook https://hooks.example/T0/B0/x --drain'
 #
 # (--on-incident-all: a watch's straggler is confirmed by replay in an incident_updated event.)
+# Hooks run as nobody unless --on-incident-user says otherwise: with --sudo-as slurm the drain runs as
+# `sudo -n -u slurm scontrol update ...`, which the sudoers rule in docs/metrics.md allows.
 #
 # The event JSON (as `watch --headless --json` prints it) is on stdin; SCOUT_SYS_EVENT, _INCIDENT,
 # _KIND, _STATUS, _RANKS, _HOSTS and _BUNDLE are in the environment (docs/metrics.md).
@@ -19,12 +21,13 @@
 #   scout-sys watch ... --headless --json | head -1 | examples/on-incident.sh --dry-run --webhook URL --drain
 set -euo pipefail
 
-usage() { echo "usage: $0 [--webhook URL] [--drain] [--dry-run]" >&2; exit 2; }
-webhook="${SCOUT_SYS_WEBHOOK:-}" drain=0 dry=0
+usage() { echo "usage: $0 [--webhook URL] [--drain [--sudo-as USER]] [--dry-run]" >&2; exit 2; }
+webhook="${SCOUT_SYS_WEBHOOK:-}" drain=0 dry=0 sudo_as=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --webhook) [ $# -ge 2 ] || usage; webhook="$2"; shift 2 ;;
         --drain) drain=1; shift ;;
+        --sudo-as) [ $# -ge 2 ] || usage; sudo_as="$2"; shift 2 ;;
         --dry-run) dry=1; shift ;;
         *) usage ;;
     esac
@@ -65,6 +68,6 @@ in_node() {
 case "$event" in incident_opened|incident_updated) opened=1 ;; *) opened=0 ;; esac
 if [ "$drain" = 1 ] && [ "$opened" = 1 ] && [ "$status" = attributed ] && [ -n "$hosts" ] && in_node; then
     for node in ${hosts//,/ }; do
-        run scontrol update "nodename=${node%%.*}" state=drain "reason=scout-sys ${id}: ${kind} rank(s) ${ranks}"
+        run ${sudo_as:+sudo -n -u "$sudo_as"} scontrol update "nodename=${node%%.*}" state=drain "reason=scout-sys ${id}: ${kind} rank(s) ${ranks}"
     done
 fi

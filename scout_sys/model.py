@@ -197,7 +197,7 @@ Observation = Union[ProcSample, StackSample]  # noqa: UP007 (reassigned below)
 class Evidence:
     """A fact a person can check. ``data`` holds the machine-readable part."""
 
-    source: str  # "stack" | "procfs" | "ebpf" | "nvml" | "replay"
+    source: str  # "stack" | "procfs" | "ebpf" | "nvml" | "replay" | "cluster" (docs/json.md)
     text: str
     rank: int | None = None
     data: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)

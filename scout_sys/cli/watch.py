@@ -119,6 +119,7 @@ class PidFile:
         self.pid = os.getpid()
         tmp = f"{self.path}.{self.pid}.tmp"
         try:
+            os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)  # /run/scout-sys after a boot
             with open(tmp, "w", encoding="ascii") as f:
                 f.write(f"{self.pid}\n")
             os.chmod(tmp, 0o644)  # a pid is no secret: logrotate and monitoring read it
