@@ -504,17 +504,19 @@ def test_pid_file_logrotate_sighup_and_the_runbooks_first_command(start_job, tmp
         assert lines[0] == e
         expr, raw = _runbook_jq("select(.bundle)")
         assert _jq(expr, events.read_text(), raw=raw)[-1:] == [e["bundle"]]
-        # the runbook's first command, as written but for the pid and the file's folder
-        cmd = re.search(r"^(sudo scout-sys diagnose --job PID --output .*)$", _text(ROOT / "docs" / "runbook.md"),
+        # the runbook's first command, run by bash as written but for the pid and the file's folder (and a
+        # shorter window); `sudo` and `scout-sys` stand for this process's user and interpreter
+        cmd = re.search(r"^(sudo scout-sys diagnose --job PID --output /var/tmp/.*)$", _text(ROOT / "docs" / "runbook.md"),
                         re.M).group(1)
-        out_file = tmp_path / "tmp" / "evidence.json"
-        argv = cmd.removeprefix("sudo scout-sys ").split()
-        argv[argv.index("PID")] = str(job.pid)
-        argv[argv.index("--output") + 1] = str(out_file)
-        r = subprocess.run([sys.executable, "-m", "scout_sys", *argv, "--window", "2"], capture_output=True, text=True,
-                           timeout=120, check=False)
+        folder = tmp_path / "tmp"
+        line = cmd.replace("--job PID", f"--job {job.pid} --window 2").replace("/var/tmp/", f"{folder}/")
+        r = subprocess.run(["bash", "-c", f'sudo() {{ "$@"; }}; scout-sys() {{ {sys.executable} -m scout_sys "$@"; }}; {line}'],
+                           capture_output=True, text=True, timeout=120, check=False)
         assert r.returncode == 1, r.stdout + r.stderr
-        assert "INCIDENT hang (attributed): rank 2" in r.stdout and str(out_file) in r.stderr
+        saved = list(folder.glob("scout-*.json"))
+        assert len(saved) == 1, (saved, r.stderr)
+        out_file = saved[0]
+        assert "INCIDENT hang (attributed): rank 2" in r.stdout and str(out_file) in r.stderr, r.stdout + r.stderr
         assert stat.S_IMODE(out_file.stat().st_mode) == 0o600
         d = json.loads(out_file.read_text())
         assert [(i["kind"], i["ranks"]) for i in d["incidents"]] == [(HANG, [2])]
