@@ -32,7 +32,7 @@ events (--json): {"event": "incident_opened" | "incident_updated" | "incident_cl
                   "time": <unix s>, "incident": {...same object as diagnose...}, "bundle": <path>}
   with --cluster also {"event": "agent_lost" | "agent_back", "time", "node", "host", "ranks", "detail"}
 exit status: 0 the job ended without incidents, 1 incidents were opened, 2 could not watch.
-SIGINT / SIGTERM stop the watch cleanly (probes detached).
+SIGINT / SIGTERM stop the watch cleanly (probes detached); SIGHUP never does (it reopens --events).
 """
 
 
