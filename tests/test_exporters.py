@@ -356,7 +356,8 @@ def _every_metric_name() -> set[str]:
         ex.on_snapshot(_snapshot((HANG_2,)), 0.01)
         s = _snapshot((HANG_2,))
         s.devices[0].update({"mem_total": 2**34, "temperature_c": 60, "power_w": 300.0, "ecc_uncorrected": 0})
-        s = dataclasses.replace(s, agents=({"node": 0, "host": "h", "state": "up", "ranks": [0], "detail": ""},))
+        s = dataclasses.replace(s, agents=({"node": 0, "host": "h", "state": "up", "ranks": [0], "detail": ""},),
+                                probes={**s.probes, "nvml": "no rank of this job uses a CUDA device"})
         ex.on_snapshot(s, 0.01)
         return {name for name, _ in _samples(generate_latest(ex.registry).decode())}
     finally:
@@ -385,8 +386,13 @@ def test_on_incident_example_dry_run_says_what_it_would_do() -> None:
     lines = out.stdout.splitlines()
     assert lines[0].startswith("would run: curl ") and lines[0].endswith(" https://hooks.example/x")
     assert "rank\\(s\\)\\ 2\\ on\\ node7" in lines[0]
-    assert lines[1] == ("would run: scontrol update nodename=node7 state=drain "
-                        "reason=scout-sys\\ inc-1:\\ hang\\ rank\\(s\\)\\ 2")
+    assert len(lines) == 1, lines  # a hang is the job's, not the node's: posted, never drained
+    hw = Event("incident_opened", T, dataclasses.replace(HANG_2, kind="hardware"))
+    out = subprocess.run([os.path.join(REPO, "examples", "on-incident.sh"), "--dry-run", "--drain"],
+                         input=json.dumps(hw.to_json()) + "\n", capture_output=True, text=True, timeout=30,
+                         env={"PATH": os.environ["PATH"]})
+    assert out.stdout.splitlines() == ["would run: scontrol update nodename=node7 state=drain "
+                                       "reason=scout-sys\\ inc-1:\\ hardware\\ rank\\(s\\)\\ 2"], out.stderr
 
 
 def test_on_incident_example_posts_to_a_webhook() -> None:
