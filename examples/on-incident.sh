@@ -34,16 +34,28 @@ while [ $# -gt 0 ]; do
 done
 
 event_json="$(cat)"
-# Fields from the JSON itself, so that the script also works on a saved event line (--dry-run).
-field() { printf '%s' "$event_json" | python3 -c "import json,sys; e=json.load(sys.stdin); print($1)"; }
-event="${SCOUT_SYS_EVENT:-$(field 'e["event"]')}"
-id="${SCOUT_SYS_INCIDENT:-$(field 'e["incident"].get("id","")')}"
-kind="${SCOUT_SYS_KIND:-$(field 'e["incident"]["kind"]')}"
-status="${SCOUT_SYS_STATUS:-$(field 'e["incident"]["status"]')}"
-ranks="${SCOUT_SYS_RANKS-$(field '",".join(map(str, e["incident"]["ranks"]))')}"
-hosts="${SCOUT_SYS_HOSTS-$(field '",".join(e["incident"]["hosts"])')}"
-bundle="${SCOUT_SYS_BUNDLE-$(field 'e.get("bundle","")')}"
-summary="$(field 'e["incident"]["summary"]')"
+# Fields from the JSON itself (one python3 for all), so that the script also works on a saved event line
+# (--dry-run); the SCOUT_SYS_* variables the watch sets win when present.
+fields="$(printf '%s' "$event_json" | python3 -c '
+import json, shlex, sys
+e = json.load(sys.stdin)
+i = e.get("incident") or {}
+slow = any(x.get("source") == "replay" and ("peer_median" in x or str(x.get("text", "")).startswith(
+    "replay confirms a slow device")) for x in i.get("evidence") or [])
+for k, v in {"j_event": e.get("event", ""), "j_id": i.get("id", ""), "j_kind": i.get("kind", ""),
+             "j_status": i.get("status", ""), "j_ranks": ",".join(map(str, i.get("ranks", []))),
+             "j_hosts": ",".join(i.get("hosts", [])), "j_bundle": e.get("bundle") or "",
+             "summary": i.get("summary", ""), "slow_device": "1" if slow else ""}.items():
+    print(f"{k}={shlex.quote(str(v))}")
+')"  # not JSON: python3 fails, and so does the script (set -e)
+eval "$fields"
+event="${SCOUT_SYS_EVENT:-$j_event}"
+id="${SCOUT_SYS_INCIDENT:-$j_id}"
+kind="${SCOUT_SYS_KIND:-$j_kind}"
+status="${SCOUT_SYS_STATUS:-$j_status}"
+ranks="${SCOUT_SYS_RANKS-$j_ranks}"
+hosts="${SCOUT_SYS_HOSTS-$j_hosts}"
+bundle="${SCOUT_SYS_BUNDLE-$j_bundle}"
 
 run() {  # run a command, or print it (shell-quoted) with --dry-run
     if [ "$dry" = 1 ]; then printf 'would run:'; printf ' %q' "$@"; printf '\n'; else "$@"; fi
@@ -60,8 +72,7 @@ fi
 in_node() {
     case "$kind" in
         hardware|sdc) return 0 ;;
-        straggler)  # a slow device, as replay measured it (not a slow input pipeline or network)
-            [ "$(field 'any(x.get("source") == "replay" and ("peer_median" in x or x.get("text", "").startswith("replay confirms a slow device")) for x in e["incident"]["evidence"])')" = True ] ;;
+        straggler) [ -n "$slow_device" ] ;;  # a slow device, as replay measured it (not input or network)
         *) return 1 ;;
     esac
 }
