@@ -67,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="print exactly one JSON object (scout-sys/diagnosis/v1)")
     d.add_argument("--output", metavar="FILE",
                    help="also save the verdict with every stack as one JSON object (scout-sys/diagnosis/v1) to FILE, "
-                        "opened by scout-sys itself (as root under sudo; mode 0600) before "
-                        "sampling: evidence that outlives the job; reopen with watch --report FILE")
+                        "opened by scout-sys itself (as root under sudo; mode 0600) and written before the verdict is "
+                        "printed: evidence that outlives the job; reopen with watch --report FILE")
     d.add_argument("--native", action="store_true",
                    help="once a hang is confirmed, add native stacks of the origin ranks (pauses them briefly)")
     d.add_argument("-q", "--quiet", action="store_true", help="verdict only, no evidence")
