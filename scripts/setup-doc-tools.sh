@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Tools tests/test_docs_examples.py checks the documented examples with: visudo (Debian's sudo) for the
-# sudoers line of docs/metrics.md, promtool for examples/prometheus-alerts.yml. promtool is taken out of
+# Tools the documentation tests (tests/test_docs_*.py) check the documented examples with: visudo (Debian's
+# sudo) for the sudoers line of docs/metrics.md, logrotate for its rotation stanza, promtool for
+# examples/prometheus-alerts.yml. promtool is taken out of
 # Debian's prometheus package into VENV/bin (no Prometheus server is installed or started). Idempotent.
 set -euo pipefail
 venv="${1:-.venv}"
-if ! command -v visudo >/dev/null; then
-  if [ "$(id -u)" != 0 ]; then echo "scout-sys setup: need Debian package sudo (visudo); run make as root" >&2; exit 1; fi
+need=()
+command -v visudo >/dev/null || need+=(sudo)
+command -v logrotate >/dev/null || [ -x /usr/sbin/logrotate ] || need+=(logrotate)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then echo "scout-sys setup: need Debian packages ${need[*]}; run make as root" >&2; exit 1; fi
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -qq sudo >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq sudo >/dev/null; }
+  apt-get install -y -qq "${need[@]}" >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null; }
 fi
 if [ ! -x "$venv/bin/promtool" ] && ! command -v promtool >/dev/null; then
   tmp="$(mktemp -d)"

@@ -1,13 +1,12 @@
-"""The documented examples on a real job (slow): a watch started with the job writes its --pid-file; the
-logrotate stanza's postrotate line of docs/metrics.md, run as written, reopens --events without stopping
-the watch (nor a watch without --events); the next event lands in the fresh file, where the runbook's jq
-finds its bundle; the runbook's first command, run by bash as written, saves the verdict (0600) that its
-jq lines read; the pid file goes at exit."""
+"""The documented examples on a real job (slow): a watch started with the job writes its --pid-file;
+logrotate, run on the stanza of docs/metrics.md, rotates --events and its postrotate line makes the
+watch reopen it without stopping (nor does SIGHUP stop a watch without --events); the next event lands
+in the fresh file, where the runbook's jq finds its bundle; the runbook's first command, run by bash as
+written, saves the verdict (0600) that its jq lines read; the pid file goes at exit."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import stat
@@ -28,6 +27,7 @@ from tests._docs import (
     _jq,
     _runbook_jq,
     _text,
+    _tool,
 )
 
 T = 1_764_000_000.0
@@ -48,8 +48,8 @@ def _wait(pred, timeout: float, what: str):
 
 @pytest.mark.slow
 def test_pid_file_logrotate_sighup_and_the_runbooks_first_command(start_job, tmp_path: Path) -> None:
-    """A real watch started with a real job: --pid-file holds its pid; the logrotate stanza's postrotate
-    line (run as written) reopens --events without stopping it, the next event lands in the fresh file
+    """A real watch started with a real job: --pid-file holds its pid; logrotate, run on the documented
+    stanza, rotates --events and its postrotate line makes the watch reopen it without stopping, the next event lands in the fresh file
     and the runbook's jq finds its bundle; a watch without --events survives SIGHUP too; the runbook's
     first command saves the verdict (0600) that its jq lines read; the pid file goes at exit."""
     from tests.test_watch import WatchCli
@@ -63,11 +63,17 @@ def test_pid_file_logrotate_sighup_and_the_runbooks_first_command(start_job, tmp
     try:
         _wait(lambda: pidfile.exists() and events.exists(), 60, "pid file and events file")
         assert pidfile.read_text().strip() == str(w.proc.pid)
-        # logrotate: move the file away, then the documented postrotate line, as written but for the path
-        os.rename(events, str(events) + ".1")
-        stanza = re.search(r"postrotate\n(.*?)\n\s*endscript", _text(ROOT / "docs" / "metrics.md"), re.S).group(1)
-        post = stanza.replace("/run/scout-sys/llama-70b.pid", str(pidfile))
-        assert subprocess.run(["sh", "-c", post], timeout=30, check=False).returncode == 0
+        # logrotate itself, forced, on the stanza of docs/metrics.md as written but for the two paths
+        stanza = re.search(r"^(/var/log/scout-sys/llama-70b\.jsonl \{\n.*?^\})", _text(ROOT / "docs" / "metrics.md"),
+                           re.M | re.S).group(1)
+        conf = tmp_path / "logrotate.conf"
+        conf.write_text(stanza.replace("/var/log/scout-sys/llama-70b.jsonl", str(events))
+                        .replace("/run/scout-sys/llama-70b.pid", str(pidfile)) + "\n")
+        conf.chmod(0o644)
+        r = subprocess.run([_tool("logrotate"), "-f", "-s", str(tmp_path / "logrotate.state"), str(conf)],
+                           capture_output=True, text=True, timeout=60, check=False)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert Path(str(events) + ".1").exists()  # rotated (delaycompress: the first one stays plain)
         _wait(events.exists, 5, "a fresh events file after SIGHUP")
         bare.proc.send_signal(signal.SIGHUP)
         time.sleep(1.0)
