@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Tools the documentation tests (tests/test_docs_*.py) check the documented examples with: visudo (Debian's
+# Tools the documentation tests (tests/test_docs_*.py) check the documented examples with: jq for the
+# runbook's jq lines, visudo (Debian's
 # sudo) for the sudoers line of docs/metrics.md, logrotate for its rotation stanza, promtool for
 # examples/prometheus-alerts.yml. promtool is taken out of
 # Debian's prometheus package into VENV/bin (no Prometheus server is installed or started). Idempotent.
@@ -7,6 +8,7 @@ set -euo pipefail
 venv="${1:-.venv}"
 need=()
 command -v visudo >/dev/null || need+=(sudo)
+command -v jq >/dev/null || need+=(jq)
 command -v logrotate >/dev/null || [ -x /usr/sbin/logrotate ] || need+=(logrotate)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then echo "scout-sys setup: need Debian packages ${need[*]}; run make as root" >&2; exit 1; fi
