@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Tools the documentation tests (tests/test_docs_*.py) check the documented examples with: jq for the
-# runbook's jq lines, visudo (Debian's
-# sudo) for the sudoers line of docs/metrics.md, logrotate for its rotation stanza, promtool for
-# examples/prometheus-alerts.yml. promtool is taken out of
-# Debian's prometheus package into VENV/bin (no Prometheus server is installed or started). Idempotent.
+# runbook's jq lines, visudo (Debian's sudo) for the sudoers rule of docs/metrics.md, logrotate for its
+# rotation stanza, promtool for examples/prometheus-alerts.yml. promtool is taken out of Debian's
+# prometheus package into VENV/bin (no Prometheus server is installed or started). Idempotent.
 set -euo pipefail
 venv="${1:-.venv}"
 need=()
