@@ -12,11 +12,11 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: all setup system ebpf test demo bench lint clean
+.PHONY: all setup system ebpf doctools test demo bench lint clean
 
 all: setup
 
-setup: $(STAMP) ebpf
+setup: $(STAMP) ebpf doctools
 
 # Debian packages the venv itself needs (python3-venv is not there on a bare Debian 12).
 system:
@@ -33,6 +33,10 @@ $(STAMP): requirements.txt requirements-frameworks.txt constraints.txt pyproject
 # exposes only the distro `bcc` module to the venv. See docs/ebpf.md and `scout-sys doctor`.
 ebpf: $(STAMP)
 	@bash scripts/setup-ebpf.sh $(VENV)
+
+# visudo and promtool: tests/test_docs_examples.py checks the sudoers line and the alert rules the docs show.
+doctools: $(STAMP)
+	@bash scripts/setup-doc-tools.sh $(VENV)
 
 test: setup
 	PY=$(BIN)/python bash scripts/test.sh $(PYTEST_ARGS)

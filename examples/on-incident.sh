@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # An --on-incident hook for scout-sys watch: post the incident to a webhook (Slack-style {"text": ...})
-# and, for a hang-type incident attributed to ranks, drain their Slurm node(s) so the scheduler stops
-# placing jobs there.
+# and, with --drain, drain the Slurm node(s) of an attributed incident whose cause lies in the node:
+# `hardware` (its GPU reports ECC errors or slows itself down), `sdc` (its device computes other bits
+# than its peers), or a `straggler` that replay confirmed is a slow device. Never for `hang`,
+# `collective_desync`, `process_stall`, `process_exit` or a straggler replay cleared: those are
+# usually the job's code, its input pipeline or the network, and draining a healthy node for them
+# only shrinks the cluster (docs/runbook.md says whose each verdict is).
 #
-#   sudo scout-sys watch --job PID --headless --on-incident-user root \
+#   sudo scout-sys watch --job PID --headless --on-incident-user root --on-incident-all \
 #        --on-incident '/usr/local/bin/on-incident.sh --webhook https://hooks.example/T0/B0/x --drain'
+#
+# (--on-incident-all: a watch's straggler is confirmed by replay in an incident_updated event.)
+# Hooks run as nobody unless --on-incident-user says otherwise: with --sudo-as slurm the drain runs as
+# `sudo -n -u slurm scontrol update ...`, which the sudoers rule in docs/metrics.md allows.
 #
 # The event JSON (as `watch --headless --json` prints it) is on stdin; SCOUT_SYS_EVENT, _INCIDENT,
 # _KIND, _STATUS, _RANKS, _HOSTS and _BUNDLE are in the environment (docs/metrics.md).
@@ -13,28 +21,41 @@
 #   scout-sys watch ... --headless --json | head -1 | examples/on-incident.sh --dry-run --webhook URL --drain
 set -euo pipefail
 
-usage() { echo "usage: $0 [--webhook URL] [--drain] [--dry-run]" >&2; exit 2; }
-webhook="${SCOUT_SYS_WEBHOOK:-}" drain=0 dry=0
+usage() { echo "usage: $0 [--webhook URL] [--drain [--sudo-as USER]] [--dry-run]" >&2; exit 2; }
+webhook="${SCOUT_SYS_WEBHOOK:-}" drain=0 dry=0 sudo_as=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --webhook) [ $# -ge 2 ] || usage; webhook="$2"; shift 2 ;;
         --drain) drain=1; shift ;;
+        --sudo-as) [ $# -ge 2 ] || usage; sudo_as="$2"; shift 2 ;;
         --dry-run) dry=1; shift ;;
         *) usage ;;
     esac
 done
 
 event_json="$(cat)"
-# Fields from the JSON itself, so that the script also works on a saved event line (--dry-run).
-field() { printf '%s' "$event_json" | python3 -c "import json,sys; e=json.load(sys.stdin); print($1)"; }
-event="${SCOUT_SYS_EVENT:-$(field 'e["event"]')}"
-id="${SCOUT_SYS_INCIDENT:-$(field 'e["incident"].get("id","")')}"
-kind="${SCOUT_SYS_KIND:-$(field 'e["incident"]["kind"]')}"
-status="${SCOUT_SYS_STATUS:-$(field 'e["incident"]["status"]')}"
-ranks="${SCOUT_SYS_RANKS-$(field '",".join(map(str, e["incident"]["ranks"]))')}"
-hosts="${SCOUT_SYS_HOSTS-$(field '",".join(e["incident"]["hosts"])')}"
-bundle="${SCOUT_SYS_BUNDLE-$(field 'e.get("bundle","")')}"
-summary="$(field 'e["incident"]["summary"]')"
+# Fields from the JSON itself (one python3 for all), so that the script also works on a saved event line
+# (--dry-run); the SCOUT_SYS_* variables the watch sets win when present.
+fields="$(printf '%s' "$event_json" | python3 -c '
+import json, shlex, sys
+e = json.load(sys.stdin)
+i = e.get("incident") or {}
+slow = any(x.get("source") == "replay" and ("peer_median" in x or str(x.get("text", "")).startswith(
+    "replay confirms a slow device")) for x in i.get("evidence") or [])
+for k, v in {"j_event": e.get("event", ""), "j_id": i.get("id", ""), "j_kind": i.get("kind", ""),
+             "j_status": i.get("status", ""), "j_ranks": ",".join(map(str, i.get("ranks", []))),
+             "j_hosts": ",".join(i.get("hosts", [])), "j_bundle": e.get("bundle") or "",
+             "summary": i.get("summary", ""), "slow_device": "1" if slow else ""}.items():
+    print(f"{k}={shlex.quote(str(v))}")
+')"  # not JSON: python3 fails, and so does the script (set -e)
+eval "$fields"
+event="${SCOUT_SYS_EVENT:-$j_event}"
+id="${SCOUT_SYS_INCIDENT:-$j_id}"
+kind="${SCOUT_SYS_KIND:-$j_kind}"
+status="${SCOUT_SYS_STATUS:-$j_status}"
+ranks="${SCOUT_SYS_RANKS-$j_ranks}"
+hosts="${SCOUT_SYS_HOSTS-$j_hosts}"
+bundle="${SCOUT_SYS_BUNDLE-$j_bundle}"
 
 run() {  # run a command, or print it (shell-quoted) with --dry-run
     if [ "$dry" = 1 ]; then printf 'would run:'; printf ' %q' "$@"; printf '\n'; else "$@"; fi
@@ -47,12 +68,17 @@ if [ -n "$webhook" ]; then
         --data "$payload" "$webhook"
 fi
 
-# Drain only on a new, attributed hang-type incident: an inconclusive verdict names no node.
-if [ "$drain" = 1 ] && [ "$event" = incident_opened ] && [ "$status" = attributed ] && [ -n "$hosts" ]; then
+# Drain only for an attributed incident whose cause lies in the node; an inconclusive verdict names no node.
+in_node() {
     case "$kind" in
-        hang|process_stall|process_exit|collective_desync|hardware)
-            for node in ${hosts//,/ }; do
-                run scontrol update "nodename=${node%%.*}" state=drain "reason=scout-sys ${id}: ${kind} rank(s) ${ranks}"
-            done ;;
+        hardware|sdc) return 0 ;;
+        straggler) [ -n "$slow_device" ] ;;  # a slow device, as replay measured it (not input or network)
+        *) return 1 ;;
     esac
+}
+case "$event" in incident_opened|incident_updated) opened=1 ;; *) opened=0 ;; esac
+if [ "$drain" = 1 ] && [ "$opened" = 1 ] && [ "$status" = attributed ] && [ -n "$hosts" ] && in_node; then
+    for node in ${hosts//,/ }; do
+        run ${sudo_as:+sudo -n -u "$sudo_as"} scontrol update "nodename=${node%%.*}" state=drain "reason=scout-sys ${id}: ${kind} rank(s) ${ranks}"
+    done
 fi

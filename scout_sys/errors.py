@@ -1,6 +1,6 @@
 """The small exception tree of scout-sys (after psutil's Error → NoSuchProcess / AccessDenied).
 
-The library raises; only ``cli.py`` turns an error into a message and an exit status.
+The library raises; only ``scout_sys.cli`` turns an error into a message and an exit status.
 """
 
 from __future__ import annotations

@@ -197,7 +197,7 @@ Observation = Union[ProcSample, StackSample]  # noqa: UP007 (reassigned below)
 class Evidence:
     """A fact a person can check. ``data`` holds the machine-readable part."""
 
-    source: str  # "stack" | "procfs" | "ebpf" | "nvml" | "replay"
+    source: str  # "stack" | "procfs" | "ebpf" | "nvml" | "replay" | "cluster" (docs/json.md)
     text: str
     rank: int | None = None
     data: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
@@ -298,6 +298,8 @@ class Diagnosis:
                 d["where"] = v.where
                 if v.collective:
                     d["collective"] = v.collective
+                if v.cpu_percent is not None:  # the CPU% column of the text output
+                    d["cpu_percent"] = round(v.cpu_percent, 1)
             ranks.append(d)
         for m in self.job.missing:
             ranks.append({"rank": m, "pid": None, "host": self.job.host_of(m), "local_rank": None,

@@ -126,9 +126,11 @@ def test_hang_on_node_1_is_named_with_global_rank_and_host_and_only_the_token_ge
     c = cluster(fault="hang", fault_rank=3)
     c.jobs[1].wait_fault(timeout=120)
     c.start()
-    rc, doc, err = c.diagnose(cli=True)
+    saved = tmp_path / "evidence" / "cluster.json"  # the runbook's first command, --cluster form
+    rc, doc, err = c.diagnose("--output", str(saved), cli=True)
     assert rc == 1, err
     assert origins(doc) == [("hang", "attributed", [3])]
+    assert json.loads(saved.read_text()) == doc and oct(saved.stat().st_mode & 0o777) == "0o600"
     assert doc["incidents"][0]["hosts"] == ["nodeB"]
     assert _hosts(doc) == {0: "nodeA", 1: "nodeA", 2: "nodeB", 3: "nodeB"}
     assert [a["state"] for a in doc["cluster"]["agents"]] == ["answered", "answered"]

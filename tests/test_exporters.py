@@ -356,7 +356,8 @@ def _every_metric_name() -> set[str]:
         ex.on_snapshot(_snapshot((HANG_2,)), 0.01)
         s = _snapshot((HANG_2,))
         s.devices[0].update({"mem_total": 2**34, "temperature_c": 60, "power_w": 300.0, "ecc_uncorrected": 0})
-        s = dataclasses.replace(s, agents=({"node": 0, "host": "h", "state": "up", "ranks": [0], "detail": ""},))
+        s = dataclasses.replace(s, agents=({"node": 0, "host": "h", "state": "up", "ranks": [0], "detail": ""},),
+                                probes={**s.probes, "nvml": "no rank of this job uses a CUDA device"})
         ex.on_snapshot(s, 0.01)
         return {name for name, _ in _samples(generate_latest(ex.registry).decode())}
     finally:
@@ -385,8 +386,13 @@ def test_on_incident_example_dry_run_says_what_it_would_do() -> None:
     lines = out.stdout.splitlines()
     assert lines[0].startswith("would run: curl ") and lines[0].endswith(" https://hooks.example/x")
     assert "rank\\(s\\)\\ 2\\ on\\ node7" in lines[0]
-    assert lines[1] == ("would run: scontrol update nodename=node7 state=drain "
-                        "reason=scout-sys\\ inc-1:\\ hang\\ rank\\(s\\)\\ 2")
+    assert len(lines) == 1, lines  # a hang is the job's, not the node's: posted, never drained
+    hw = Event("incident_opened", T, dataclasses.replace(HANG_2, kind="hardware"))
+    out = subprocess.run([os.path.join(REPO, "examples", "on-incident.sh"), "--dry-run", "--drain"],
+                         input=json.dumps(hw.to_json()) + "\n", capture_output=True, text=True, timeout=30,
+                         env={"PATH": os.environ["PATH"]})
+    assert out.stdout.splitlines() == ["would run: scontrol update nodename=node7 state=drain "
+                                       "reason=scout-sys\\ inc-1:\\ hardware\\ rank\\(s\\)\\ 2"], out.stderr
 
 
 def test_on_incident_example_posts_to_a_webhook() -> None:
@@ -425,3 +431,31 @@ def test_saved_reports_are_private(tmp_path) -> None:
     paths = save_report(_snapshot((HANG_2,)), str(tmp_path / "reports"))
     assert stat.S_IMODE(os.stat(tmp_path / "reports").st_mode) == 0o700
     assert [stat.S_IMODE(os.stat(p).st_mode) for p in paths] == [0o600, 0o600]
+
+
+def test_a_probe_with_nothing_to_observe_is_not_down() -> None:
+    """On a host without GPUs (this one) nvml is off for good: ScoutSysProbeDown (scout_sys_probe_up == 0)
+    must not fire for it forever. A probe that is off for a fault to fix still reads 0."""
+    from scout_sys.probes.nvml import NvmlProbe
+
+    no_driver = NvmlProbe().check()  # the real reason on this machine: no NVIDIA driver
+    assert no_driver is not None
+    ex = PrometheusExporter("127.0.0.1:0", job_name="llama")
+    try:
+        s = dataclasses.replace(_snapshot(), probes={"procfs": None, "nvml": no_driver,
+                                                     "ebpf-comms": "no NCCL library (libnccl.so*) mapped ...",
+                                                     "ebpf-collectives": "failed to start: bcc missing"})
+        ex.on_snapshot(s, 0.004)
+        m = _samples(generate_latest(ex.registry).decode())
+        assert _value(m, "scout_sys_probe_up", probe="nvml") is None
+        assert _value(m, "scout_sys_probe_up", probe="ebpf-comms") is None
+        assert _value(m, "scout_sys_probe_not_applicable", probe="nvml") == 1
+        assert _value(m, "scout_sys_probe_not_applicable", probe="ebpf-comms") == 1
+        assert _value(m, "scout_sys_probe_up", probe="ebpf-collectives") == 0
+        assert _value(m, "scout_sys_probe_up", probe="procfs") == 1
+        # nvml that fails on a host with a driver is a fault: it stays in probe_up, at 0
+        ex.on_snapshot(dataclasses.replace(s, probes={"nvml": "failed to start: NVMLError_Unknown"}), 0.004)
+        m = _samples(generate_latest(ex.registry).decode())
+        assert _value(m, "scout_sys_probe_up", probe="nvml") == 0
+    finally:
+        ex.close()

@@ -13,7 +13,15 @@ from dataclasses import replace
 
 from scout_sys import __version__
 from scout_sys.cli.cluster import _agent, _agent_parser, _cluster_options, _diagnose_cluster, _watch_cluster
-from scout_sys.cli.common import EXIT_ERROR, EXIT_INCIDENT, EXIT_OK, _job_options, _Parser
+from scout_sys.cli.common import (
+    EXIT_ERROR,
+    EXIT_INCIDENT,
+    EXIT_OK,
+    _job_options,
+    _open_output,
+    _Parser,
+    _save,
+)
 from scout_sys.cli.replay import _certify, _replay, _replay_parsers
 from scout_sys.cli.watch import _WATCH_EPILOG, _export_options, _watch
 from scout_sys.errors import ScoutError
@@ -26,6 +34,7 @@ examples:
   sudo scout-sys diagnose --job pgid:12345       # every process of a process group
   sudo scout-sys diagnose --job 101,102,103,104  # explicit rank processes
   sudo scout-sys diagnose --job 12345 --json | jq .incidents
+  sudo scout-sys diagnose --job 12345 --output /var/tmp/scout-12345.json   # the verdict, and the evidence saved
   sudo scout-sys diagnose --job 12345 --topology dp=4,pp=2   # peers: ranks at the same pipeline stage
 
   sudo scout-sys diagnose --cluster node0:29450 --token-file /etc/scout-sys/token   # every host's agents
@@ -56,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--window", type=float, default=3.0, metavar="SECONDS",
                    help="how long to sample before deciding (default: 3)")
     d.add_argument("--json", action="store_true", help="print exactly one JSON object (scout-sys/diagnosis/v1)")
+    d.add_argument("--output", metavar="FILE",
+                   help="also save the verdict with every stack as one JSON object (scout-sys/diagnosis/v1) to FILE, "
+                        "opened by scout-sys itself (as root under sudo; mode 0600) and written before the verdict is "
+                        "printed: evidence that outlives the job; reopen with watch --report FILE")
     d.add_argument("--native", action="store_true",
                    help="once a hang is confirmed, add native stacks of the origin ranks (pauses them briefly)")
     d.add_argument("-q", "--quiet", action="store_true", help="verdict only, no evidence")
@@ -111,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _diagnose(job_sel: str, window: float, *, as_json: bool, native: bool, quiet: bool, ebpf: bool,
-              topology: str | None = None) -> int:
+              topology: str | None = None, output: str | None = None) -> int:
     from scout_sys.job import find_job
     from scout_sys.monitor import Monitor, default_probes
     from scout_sys.report import render, to_json
@@ -119,11 +132,17 @@ def _diagnose(job_sel: str, window: float, *, as_json: bool, native: bool, quiet
     if window <= 0:
         raise ScoutError("--window must be positive")
     job = find_job(job_sel, topology)
-    with Monitor(job, extra_probes=default_probes(ebpf)) as mon:
-        mon.wait_started()
-        d = mon.diagnose(window, native=native)
-    if not ebpf:
-        d = replace(d, probes={**d.probes, "ebpf": "not requested (--ebpf)"})
+    out = _open_output(output)
+    try:
+        with Monitor(job, extra_probes=default_probes(ebpf)) as mon:
+            mon.wait_started()
+            d = mon.diagnose(window, native=native)
+        if not ebpf:
+            d = replace(d, probes={**d.probes, "ebpf": "not requested (--ebpf)"})
+        _save(out, to_json(d))  # first: the evidence is safe before anything is printed
+    finally:
+        if out is not None:
+            out.close()
     print(to_json(d) if as_json else render(d, verbose=not quiet))
     return EXIT_OK if d.healthy else EXIT_INCIDENT
 
@@ -181,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not args.job:
                 raise ScoutError("diagnose needs --job SEL (this host) or --cluster HOST:PORT (every host)")
             return _diagnose(args.job, args.window, as_json=args.json, native=args.native, quiet=args.quiet,
-                             ebpf=args.ebpf, topology=args.topology)
+                             ebpf=args.ebpf, topology=args.topology, output=args.output)
         if args.cmd == "demo":
             return _demo(args)
         if args.cmd == "watch" and (args.cluster or args.token_file):

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from scout_sys.cli.common import EXIT_INCIDENT, EXIT_OK, _job_options
+from scout_sys.cli.common import EXIT_INCIDENT, EXIT_OK, _job_options, _open_output, _save
 from scout_sys.errors import ScoutError
 
 # ====================================================================== many hosts (scout_sys/cluster)
@@ -87,10 +87,14 @@ def _diagnose_cluster(args: argparse.Namespace) -> int:
         raise ScoutError("--window must be positive")
     addr = parse_addr(args.cluster)
     client = ClusterClient(addr, read_token(args.token_file))
+    out = _open_output(args.output)
     try:
         d, cluster = client.diagnose(args.window)
+        _save(out, json.dumps(to_json(d, cluster)))
     finally:
         client.close()
+        if out is not None:
+            out.close()
     if args.json:
         print(json.dumps(to_json(d, cluster)))
     else:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import IO
+
+from scout_sys.errors import ScoutError
 
 EXIT_OK, EXIT_INCIDENT, EXIT_ERROR = 0, 1, 2
 
@@ -26,3 +30,26 @@ def _job_options(p: argparse.ArgumentParser, *, required: bool = True, topology:
                         "docs/layouts.md). Default: read from Megatron-Core / DeepSpeed / TorchTitan command "
                         "lines, else read from the process groups learned from the ranks (their TCP connections; "
                         "NCCL communicator creation, eBPF, when watched from the start), else guessed from the ranks' activity")
+
+
+def _open_output(path: str | None) -> IO[str] | None:
+    """``--output FILE``, opened before the window so that a bad path costs no sampling (exit 2)."""
+    if path is None:
+        return None
+    from scout_sys.files import private_dirs, private_opener
+
+    try:
+        private_dirs(os.path.dirname(os.path.abspath(path)))
+        return open(path, "w", encoding="utf-8", opener=private_opener)
+    except OSError as e:
+        raise ScoutError(f"--output {path}: {e.strerror or e}") from None
+
+
+def _save(out: IO[str] | None, text: str) -> None:
+    """Write the report to ``--output``'s file, on disk before the verdict is printed."""
+    if out is None:
+        return
+    out.write(text + "\n")
+    out.flush()
+    os.fsync(out.fileno())
+    print(f"scout-sys: saved to {out.name} (reopen: scout-sys watch --report {out.name})", file=sys.stderr)

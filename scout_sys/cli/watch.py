@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -30,7 +32,7 @@ events (--json): {"event": "incident_opened" | "incident_updated" | "incident_cl
                   "time": <unix s>, "incident": {...same object as diagnose...}, "bundle": <path>}
   with --cluster also {"event": "agent_lost" | "agent_back", "time", "node", "host", "ranks", "detail"}
 exit status: 0 the job ended without incidents, 1 incidents were opened, 2 could not watch.
-SIGINT / SIGTERM stop the watch cleanly (probes detached).
+SIGINT / SIGTERM stop the watch cleanly (probes detached); SIGHUP never does (it reopens --events).
 """
 
 
@@ -43,7 +45,9 @@ metrics and alerts (docs/metrics.md, examples/):
   sudo scout-sys watch --job 12345 --events /var/log/scout-sys/events.jsonl  # the dashboard, and a log
 hooks get the event JSON on stdin and SCOUT_SYS_{EVENT,INCIDENT,KIND,STATUS,RANKS,HOSTS,BUNDLE}; as root
 they run as nobody unless --on-incident-user says otherwise. Bundles, reports and --events files are
-0600 in 0700 folders (--group G: 0640/0750, group G). SIGHUP reopens the --events file (log rotation).
+0600 in 0700 folders (--group G: 0640/0750, group G). SIGHUP reopens the --events file (log rotation) and
+never stops the watch, --events or not; --pid-file names the watch to signal:
+  postrotate  kill -HUP "$(cat /run/scout-sys/llama-70b.pid)"
 """
 
 
@@ -62,6 +66,9 @@ def _export_options(w: argparse.ArgumentParser) -> None:
                         "privileges)")
     g.add_argument("--events", metavar="FILE",
                    help="append every event as a JSON line to FILE (fsynced; SIGHUP reopens it), dashboard too")
+    g.add_argument("--pid-file", metavar="PATH",
+                   help="write the watch's pid to PATH at start and remove it at exit (for logrotate's "
+                        "kill -HUP \"$(cat PATH)\")")
     g.add_argument("--group", metavar="GROUP",
                    help="make bundles, reports and the --events file readable by GROUP (default: owner only)")
     w.epilog = (w.epilog or "") + _EXPORT_EPILOG
@@ -74,13 +81,18 @@ def _export_sinks(args: argparse.Namespace, say: Callable[[str], None]) -> Any: 
 
     files.share_with_group(args.group)
     sinks: list = []
+    reopen: list[Callable[[], None]] = []
+    # SIGHUP is log rotation's "reopen your files", never a stop (SIGTERM / SIGINT stop the watch)
+    signal.signal(signal.SIGHUP, lambda *_: [f() for f in reopen])
     try:
+        if getattr(args, "pid_file", None):
+            sinks.append(PidFile(args.pid_file))
         if args.events:
             from scout_sys.exporters.events import EventsFile
 
             events = EventsFile(args.events, say=say)
             sinks.append(events)
-            signal.signal(signal.SIGHUP, lambda *_: events.reopen())
+            reopen.append(events.reopen)
         if args.on_incident:
             from scout_sys.exporters.hooks import HookRunner
 
@@ -96,6 +108,39 @@ def _export_sinks(args: argparse.Namespace, say: Callable[[str], None]) -> Any: 
         Sinks(sinks, say).close()
         raise
     return Sinks(sinks, say)
+
+
+class PidFile:
+    """``--pid-file PATH``: this process's pid, written (atomically) when the watch starts and removed when
+    it exits — unless another process has written its own pid there since. A sink that takes nothing."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(path)
+        self.pid = os.getpid()
+        tmp = f"{self.path}.{self.pid}.tmp"
+        try:
+            os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)  # /run/scout-sys after a boot
+            with open(tmp, "w", encoding="ascii") as f:
+                f.write(f"{self.pid}\n")
+            os.chmod(tmp, 0o644)  # a pid is no secret: logrotate and monitoring read it
+            os.replace(tmp, self.path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise ScoutError(f"--pid-file {path}: {e.strerror or e}") from None
+
+    def on_event(self, e: Any) -> None:
+        pass
+
+    def on_snapshot(self, s: Any, took: float) -> None:
+        pass
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            with open(self.path, encoding="ascii") as f:
+                if int(f.read().strip() or 0) != self.pid:
+                    return
+            os.unlink(self.path)
 
 
 def _front_ends(args: argparse.Namespace) -> tuple[bool, deque[str], Any]:

@@ -19,6 +19,7 @@ from scout_sys.errors import ScoutError
 from scout_sys.files import private_dirs, private_opener
 from scout_sys.model import Event, Snapshot
 
+REOPEN_WITHIN = 0.5  # seconds: a SIGHUP reopens FILE this soon even when no event comes
 BACKLOG = 10_000  # lines waiting for the disk before new ones are dropped (and counted)
 _STOP = object()
 
@@ -31,6 +32,7 @@ class EventsFile:
         self.say = say
         self.written = 0
         self.dropped = 0
+        self._said_at = -1
         self._reopen = threading.Event()
         try:
             private_dirs(os.path.dirname(self.path))
@@ -62,9 +64,26 @@ class EventsFile:
         if self.dropped:
             self.say(f"scout-sys: {self.dropped} events were not written to {self.path} (the disk was too slow)")
 
+    def _reopen_now(self) -> None:
+        try:
+            self._reopen.clear()
+            self._f.close()
+            self._f = self._open()
+        except OSError as e:
+            self._reopen.set()  # try again with the next line (which says so when it fails too)
+            if not self._f.closed or self.written == self._said_at:
+                return
+            self._said_at = self.written  # once per stretch of failures, not every REOPEN_WITHIN
+            self.say(f"scout-sys: cannot reopen {self.path}: {e.strerror or e}")
+
     def _write_all(self) -> None:
         while True:
-            item = self._q.get()
+            try:
+                item = self._q.get(timeout=REOPEN_WITHIN)
+            except queue.Empty:  # no event: still honour a SIGHUP now (a fresh FILE where logrotate expects it)
+                if self._reopen.is_set():
+                    self._reopen_now()
+                continue
             if item is _STOP:
                 self._f.close()
                 return

@@ -31,6 +31,7 @@ from scout_sys.model import (
     Event,
     Snapshot,
 )
+from scout_sys.probes import does_not_apply
 
 KINDS = (HANG, PROCESS_STALL, PROCESS_EXIT, DESYNC, STRAGGLER, SDC, HARDWARE)
 STATUSES = (ATTRIBUTED, INCONCLUSIVE)
@@ -190,10 +191,17 @@ def _device_families(job: str, s: Snapshot) -> Iterator[Any]:
 
 def _monitor_families(job: str, s: Snapshot, took: float, polls: int) -> Iterator[Any]:
     up = GaugeMetricFamily("scout_sys_probe_up", "1 when the probe is attached, 0 when it is off (see the watch's "
-                           "report for why)", labels=["job", "probe"])
+                           "report for why); probes with nothing to observe here are in "
+                           "scout_sys_probe_not_applicable instead", labels=["job", "probe"])
+    na = GaugeMetricFamily("scout_sys_probe_not_applicable", "1 for a probe off because this host or job gives it "
+                           "nothing to observe (nvml without a GPU, ebpf-comms on a Gloo job)", labels=["job", "probe"])
     for name, reason in sorted(s.probes.items()):
-        up.add_metric([job, name], 1.0 if reason is None else 0.0)
+        if does_not_apply(name, reason):
+            na.add_metric([job, name], 1.0)
+        else:
+            up.add_metric([job, name], 1.0 if reason is None else 0.0)
     yield up
+    yield na
     if s.lost_events is not None:
         lost = CounterMetricFamily("scout_sys_ebpf_lost_events", "eBPF records dropped because a bounded kernel "
                                    "map was full", labels=["job"])

@@ -22,6 +22,19 @@ from typing import Protocol, runtime_checkable
 
 from scout_sys.model import Job, Observation
 
+# Reasons a probe is off that are no fault to fix: this host or job gives it nothing to observe (no NVIDIA
+# driver, no rank on a GPU, no NCCL: a Gloo job). The probes raise with these texts; the exporter leaves
+# such probes out of ``scout_sys_probe_up`` so that "a probe is down" alerts mean something to fix.
+NO_NVIDIA_DRIVER = "not present ("
+NO_CUDA_RANK = "no rank of this job uses a CUDA device"
+NO_NCCL = "no NCCL library"
+_DOES_NOT_APPLY = {"nvml": (NO_NVIDIA_DRIVER, NO_CUDA_RANK), "ebpf-comms": (NO_NCCL,)}
+
+
+def does_not_apply(probe: str, reason: str | None) -> bool:
+    """Whether ``probe`` is off only because there is nothing here for it to observe."""
+    return reason is not None and reason.startswith(_DOES_NOT_APPLY.get(probe, ()))
+
 
 @dataclass(frozen=True)
 class Health:

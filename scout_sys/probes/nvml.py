@@ -16,7 +16,7 @@ from typing import Any
 
 from scout_sys.errors import ProbeUnavailable
 from scout_sys.model import DeviceSample, Job
-from scout_sys.probes import Health
+from scout_sys.probes import NO_CUDA_RANK, NO_NVIDIA_DRIVER, Health
 
 # Clock-event reasons that mean the hardware slowed itself down (nvmlClocksEventReason*).
 _HW_SLOWDOWN = 0x8  # HwSlowdown
@@ -58,7 +58,7 @@ class NvmlProbe:
         except ImportError:
             return "nvidia-ml-py is not installed"
         except Exception as e:  # noqa: BLE001 - NVMLError_* subclasses; their text is the reason
-            return f"not present ({e}; no NVIDIA driver?)"
+            return f"{NO_NVIDIA_DRIVER}{e}; no NVIDIA driver?)"
         return None
 
     def start(self, job: Job) -> None:
@@ -72,7 +72,7 @@ class NvmlProbe:
             except Exception:  # noqa: BLE001 - a device we cannot open is simply not sampled
                 continue
         if not self._handles:
-            raise ProbeUnavailable("no rank of this job uses a CUDA device")
+            raise ProbeUnavailable(NO_CUDA_RANK)
 
     def _q(self, fn: str, *args: Any) -> Any:
         try:

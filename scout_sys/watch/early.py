@@ -19,6 +19,7 @@ from typing import Any
 
 from scout_sys.errors import ProbeUnavailable
 from scout_sys.model import Job, Observation
+from scout_sys.probes import NO_NCCL
 
 RETRY = 0.25  # seconds between the first looks for the NCCL library; then 1.2x longer each, up to 2 s
 GIVE_UP = 600.0  # seconds after which a job that never loads NCCL is taken for one that does not use it
@@ -95,7 +96,7 @@ class EarlyProbes:
                         p.prepare(_descendants(self.pids()))
                         break
                     except ProbeUnavailable as e:
-                        if not str(e).startswith("no NCCL library") or self.clock() - t0 > GIVE_UP:
+                        if not str(e).startswith(NO_NCCL) or self.clock() - t0 > GIVE_UP:
                             self.reason = str(e)
                             return
                         self._stop.wait(delay)  # the launcher has not imported torch yet

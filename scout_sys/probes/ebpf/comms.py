@@ -41,6 +41,7 @@ from typing import Any
 
 from scout_sys.errors import ProbeUnavailable
 from scout_sys.model import Job, Observation, ProcessGroupSample
+from scout_sys.probes import NO_NCCL
 from scout_sys.probes.ebpf._common import (
     BccProbe,
     Clock,
@@ -181,7 +182,7 @@ class CommProbe(BccProbe):
                 if any(s in syms for s in FUNCS):
                     found.append((path, open_path, syms))
             if not found:
-                raise ProbeUnavailable("no NCCL library (libnccl.so*) mapped by or installed beside the job's "
+                raise ProbeUnavailable(f"{NO_NCCL} (libnccl.so*) mapped by or installed beside the job's "
                                        "Python: no communicator to learn")
             bcc, _ = load_bcc()
             assert bcc is not None
