@@ -8,6 +8,14 @@ A *rank process* is a process whose environment names its rank and world size (`
   (torchrun workers call setsid, so process groups alone would miss them).
 - ``pgid:N``: every process of process group N and their descendants.
 - ``PID,PID,...``: explicit rank processes.
+- ``env:NAME=VALUE``: this host's rank processes whose environment holds NAME=VALUE (a Slurm job:
+  ``env:SLURM_JOB_ID=1234``). Processes whose environment cannot be read are skipped; only when no
+  readable one matches does the error say how many were skipped and why.
+
+Ranks in their own PID namespace (containers, ``unshare --pid``) are found from the host: every pid
+here is the host's (``/proc``, py-spy and eBPF all use it), and :attr:`Rank.container_pid` is the
+rank's pid inside its namespace (the last ``NSpid`` of ``/proc/PID/status``), as the job's own logs
+name it.
 
 Ranks of one job share a job key (``TORCHELASTIC_RUN_ID``, else ``MASTER_ADDR:MASTER_PORT``).
 Helpers of a rank (DataLoader workers, compile workers) inherit its environment; the topmost
@@ -60,13 +68,36 @@ def _int(v: str | None) -> int | None:
         return None
 
 
+def denied_hint() -> str:
+    """What to do about a process we may not read: become root, unless we are (then the process is
+    protected from root itself: another user namespace, a missing capability in a container)."""
+    if os.geteuid() != 0:
+        return SUDO_HINT
+    return ("it is protected even from root here (another user namespace, or a container without "
+            "CAP_SYS_PTRACE: run the monitor with --pid=host and --privileged or --cap-add SYS_PTRACE)")
+
+
+def container_pid(pid: int) -> int | None:
+    """``pid``'s pid inside its own PID namespace when that is not ours (``NSpid`` lists the pid in
+    each namespace from ours inwards), else None."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    ids = line.split()[1:]
+                    return int(ids[-1]) if len(ids) > 1 else None
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def _environ(pid: int) -> dict[str, str] | None:
     """The process's environment, or None when it cannot be read (gone, zombie, kernel thread)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             raw = f.read()
     except PermissionError as e:
-        raise PermissionDenied(f"cannot read the environment of pid {pid}: {SUDO_HINT}", pid=pid) from e
+        raise PermissionDenied(f"cannot read the environment of pid {pid}: {denied_hint()}", pid=pid) from e
     except OSError:
         return None
     env: dict[str, str] = {}
@@ -98,7 +129,7 @@ def _candidate(proc: psutil.Process) -> _Candidate | None:
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None
     except psutil.AccessDenied as e:
-        raise PermissionDenied(f"cannot inspect pid {proc.pid}: {SUDO_HINT}", pid=proc.pid) from e
+        raise PermissionDenied(f"cannot inspect pid {proc.pid}: {denied_hint()}", pid=proc.pid) from e
     run_id = env.get("TORCHELASTIC_RUN_ID")
     if run_id:
         key = f"run:{run_id}"
@@ -129,7 +160,7 @@ def _process(pid: int) -> psutil.Process:
     except psutil.NoSuchProcess as e:
         raise TargetGone(f"no process with pid {pid}", pid=pid) from e
     except psutil.AccessDenied as e:
-        raise PermissionDenied(f"cannot inspect pid {pid}: {SUDO_HINT}", pid=pid) from e
+        raise PermissionDenied(f"cannot inspect pid {pid}: {denied_hint()}", pid=pid) from e
 
 
 def _descendants(proc: psutil.Process) -> list[psutil.Process]:
@@ -247,6 +278,7 @@ def _build(cands: list[_Candidate], launcher: psutil.Process | None, selector: s
             device=_device(c),
             run_id=c.env.get("TORCHELASTIC_RUN_ID"),
             name=c.name,
+            container_pid=container_pid(c.pid),
         )
         for c in ranks_c
     )
@@ -289,6 +321,29 @@ def _candidates(pool: Iterable[psutil.Process]) -> list[_Candidate]:
     if not out and denied is not None:
         raise denied
     return out
+
+
+def _env_candidates(name: str, value: str) -> list[_Candidate]:
+    """This host's rank processes whose environment holds ``name=value``. A process whose environment
+    cannot be read (PID 1 of a sandbox, another user's as non-root) is skipped, never the end of the
+    scan; when nothing matches, :class:`NoRanks` says how many were skipped and what would help."""
+    out: list[_Candidate] = []
+    denied: list[int] = []
+    for p in _all_processes():
+        try:
+            c = _candidate(p)
+        except PermissionDenied:
+            denied.append(p.pid)
+            continue
+        if c is not None and c.env.get(name) == value:
+            out.append(c)
+    if out:
+        return out
+    msg = f"no rank process on this host has {name}={value} in its environment"
+    if denied:
+        msg += (f" ({len(denied)} process{'es' if len(denied) > 1 else ''} whose environment could not be read "
+                f"{'were' if len(denied) > 1 else 'was'} skipped, e.g. pid {denied[0]}: {denied_hint()})")
+    raise NoRanks(msg)
 
 
 def _nearest_launcher(proc: psutil.Process, key: str) -> psutil.Process | None:
@@ -371,9 +426,7 @@ def _find_job(selector: str) -> Job:
         name, eq, value = sel[4:].partition("=")
         if not name or not eq:
             raise BadSelector(f"bad selector {selector!r}: env:NAME=VALUE, e.g. env:SLURM_JOB_ID=1234")
-        cands = [c for c in _candidates(_all_processes()) if c.env.get(name) == value]
-        if not cands:
-            raise NoRanks(f"no rank process on this host has {name}={value} in its environment")
+        cands = _env_candidates(name, value)
         try:
             launcher = _nearest_launcher(psutil.Process(cands[0].pid), cands[0].key)
         except psutil.NoSuchProcess:
