@@ -10,7 +10,9 @@ A *rank process* is a process whose environment names its rank and world size (`
 - ``PID,PID,...``: explicit rank processes.
 - ``env:NAME=VALUE``: this host's rank processes whose environment holds NAME=VALUE (a Slurm job:
   ``env:SLURM_JOB_ID=1234``). Processes whose environment cannot be read are skipped; only when no
-  readable one matches does the error say how many were skipped and why.
+  readable one matches does the error say how many were skipped and why. ``env:NAME`` (no value):
+  the ranks that have NAME at all, e.g. ``env:TORCHELASTIC_RUN_ID``, which torchrun sets for every job:
+  whatever job runs on the host (a node-level agent); two such jobs at once are refused (BadSelector).
 
 Ranks in their own PID namespace (containers, ``unshare --pid``) are found from the host: every pid
 here is the host's (``/proc``, py-spy and eBPF all use it), and :attr:`Rank.container_pid` is the
@@ -323,8 +325,9 @@ def _candidates(pool: Iterable[psutil.Process]) -> list[_Candidate]:
     return out
 
 
-def _env_candidates(name: str, value: str) -> list[_Candidate]:
-    """This host's rank processes whose environment holds ``name=value``. A process whose environment
+def _env_candidates(name: str, value: str | None) -> list[_Candidate]:
+    """This host's rank processes whose environment holds ``name=value`` (``value`` None: ``name`` with
+    any value). A process whose environment
     cannot be read (PID 1 of a sandbox, another user's as non-root) is skipped, never the end of the
     scan; when nothing matches, :class:`NoRanks` says how many were skipped and what would help."""
     out: list[_Candidate] = []
@@ -335,11 +338,11 @@ def _env_candidates(name: str, value: str) -> list[_Candidate]:
         except PermissionDenied:
             denied.append(p.pid)
             continue
-        if c is not None and c.env.get(name) == value:
+        if c is not None and (c.env.get(name) == value if value is not None else name in c.env):
             out.append(c)
     if out:
         return out
-    msg = f"no rank process on this host has {name}={value} in its environment"
+    msg = f"no rank process on this host has {name}{'' if value is None else '=' + value} in its environment"
     if denied:
         msg += (f" ({len(denied)} process{'es' if len(denied) > 1 else ''} whose environment could not be read "
                 f"{'were' if len(denied) > 1 else 'was'} skipped, e.g. pid {denied[0]}: {denied_hint()})")
@@ -423,10 +426,11 @@ def _find_job(selector: str) -> Job:
     if sel.startswith("env:"):
         # env:NAME=VALUE: this host's rank processes whose environment holds NAME=VALUE (e.g.
         # SLURM_JOB_ID, TORCHELASTIC_RUN_ID): how an agent started beside the job finds it.
+        # env:NAME: the ranks that have NAME at all (whatever job runs here: a node-level agent).
         name, eq, value = sel[4:].partition("=")
-        if not name or not eq:
-            raise BadSelector(f"bad selector {selector!r}: env:NAME=VALUE, e.g. env:SLURM_JOB_ID=1234")
-        cands = _env_candidates(name, value)
+        if not name or "\0" in name:
+            raise BadSelector(f"bad selector {selector!r}: env:NAME=VALUE or env:NAME, e.g. env:SLURM_JOB_ID=1234")
+        cands = _env_candidates(name, value if eq else None)
         try:
             launcher = _nearest_launcher(psutil.Process(cands[0].pid), cands[0].key)
         except psutil.NoSuchProcess:
@@ -448,7 +452,7 @@ def _find_job(selector: str) -> Job:
         return job
     pid = _int(sel)
     if pid is None or pid <= 0:
-        raise BadSelector(f"bad selector {selector!r}: expected PID, pgid:N, env:NAME=VALUE or PID,PID,...")
+        raise BadSelector(f"bad selector {selector!r}: expected PID, pgid:N, env:NAME=VALUE, env:NAME or PID,PID,...")
     proc = _process(pid)
     me = _candidate(proc)
     if me is not None:

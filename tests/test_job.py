@@ -30,7 +30,8 @@ def fake_job():
     """4 rank processes under a bash launcher in a new session; killed by process group at the end."""
     body = ("export MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 WORLD_SIZE=4 LOCAL_WORLD_SIZE=4\n"
             f"for r in 0 1 2 3; do RANK=$r LOCAL_RANK=$r {sys.executable} -c \"$CODE\" & done\nwait\n")
-    p = subprocess.Popen(["bash", "-c", body], env=dict(os.environ, CODE=RANK_CODE, SCOUT_TEST_JOB=str(os.getpid())),
+    p = subprocess.Popen(["bash", "-c", body], env=dict(os.environ, CODE=RANK_CODE, SCOUT_TEST_JOB=str(os.getpid()),
+                                                        **{f"SCOUT_TEST_JOB_{os.getpid()}": "x"}),
                          start_new_session=True)
     try:
         deadline = time.time() + 20
@@ -116,6 +117,11 @@ def test_env_selector_finds_the_ranks_with_the_variable(fake_job):
     assert sorted(r.rank for r in job.ranks) == [0, 1, 2, 3]
     assert job.launcher_pid == fake_job.pid
     assert all(r.container_pid is None for r in job.ranks)  # same PID namespace as ours
+    # env:NAME, any value: whatever job has the variable (how a node-level agent finds torchrun's jobs)
+    job = find_job(f"env:SCOUT_TEST_JOB_{os.getpid()}")
+    assert sorted(r.rank for r in job.ranks) == [0, 1, 2, 3] and job.launcher_pid == fake_job.pid
+    with pytest.raises(NoRanks, match="has SCOUT_NO_SUCH_VARIABLE in its environment"):
+        find_job("env:SCOUT_NO_SUCH_VARIABLE")
 
 
 def test_an_unreadable_process_never_ends_the_env_scan(fake_job, monkeypatch):

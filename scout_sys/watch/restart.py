@@ -48,16 +48,17 @@ def alive(pid: int) -> bool:
 
 def env_pids(selector: str) -> list[int]:
     """``env:NAME=VALUE``: every process (ranks, their launcher, the batch script) whose environment
-    holds NAME=VALUE; unreadable ones are skipped."""
-    name, _, value = selector.strip()[4:].partition("=")
-    needle = f"{name}={value}".encode()
+    holds NAME=VALUE (``env:NAME``: NAME with any value); unreadable ones are skipped."""
+    name, eq, value = selector.strip()[4:].partition("=")
+    needle, prefix = f"{name}={value}".encode(), f"{name}=".encode()
     out = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/environ", "rb") as f:
-                    if needle in f.read().split(b"\0"):
-                        out.append(int(entry))
+                    items = f.read().split(b"\0")
+                if needle in items if eq else any(v.startswith(prefix) for v in items):
+                    out.append(int(entry))
             except OSError:
                 continue
     return out
