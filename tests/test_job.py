@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from scout_sys import job as job_mod
+from scout_sys import rankenv
 from scout_sys.errors import BadSelector, NoRanks, PermissionDenied, TargetGone
 from scout_sys.job import find_job
 from tests.conftest import scout
@@ -128,14 +128,14 @@ def test_an_unreadable_process_never_ends_the_env_scan(fake_job, monkeypatch):
     # one real process whose environment may not be read (as PID 1 of a sandbox, or another user's
     # for a non-root monitor): the scan skips it and still finds the job
     sleeper = subprocess.Popen(["sleep", "30"])
-    real = job_mod._environ
+    real = rankenv._environ
 
     def environ(pid: int):
         if pid == sleeper.pid:
-            raise PermissionDenied(f"cannot read the environment of pid {pid}: {job_mod.denied_hint()}", pid=pid)
+            raise PermissionDenied(f"cannot read the environment of pid {pid}: {rankenv.denied_hint()}", pid=pid)
         return real(pid)
 
-    monkeypatch.setattr(job_mod, "_environ", environ)
+    monkeypatch.setattr(rankenv, "_environ", environ)
     try:
         job = find_job(f"env:SCOUT_TEST_JOB={os.getpid()}")
         assert sorted(r.rank for r in job.ranks) == [0, 1, 2, 3]
