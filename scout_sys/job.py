@@ -8,6 +8,16 @@ A *rank process* is a process whose environment names its rank and world size (`
   (torchrun workers call setsid, so process groups alone would miss them).
 - ``pgid:N``: every process of process group N and their descendants.
 - ``PID,PID,...``: explicit rank processes.
+- ``env:NAME=VALUE``: this host's rank processes whose environment holds NAME=VALUE (a Slurm job:
+  ``env:SLURM_JOB_ID=1234``). Processes whose environment cannot be read are skipped; only when no
+  readable one matches does the error say how many were skipped and why. ``env:NAME`` (no value):
+  the ranks that have NAME at all, e.g. ``env:TORCHELASTIC_RUN_ID``, which torchrun sets for every job:
+  whatever job runs on the host (a node-level agent); two such jobs at once are refused (BadSelector).
+
+Ranks in their own PID namespace (containers, ``unshare --pid``) are found from the host: every pid
+here is the host's (``/proc``, py-spy and eBPF all use it), and :attr:`Rank.container_pid` is the
+rank's pid inside its namespace (the last ``NSpid`` of ``/proc/PID/status``), as the job's own logs
+name it.
 
 Ranks of one job share a job key (``TORCHELASTIC_RUN_ID``, else ``MASTER_ADDR:MASTER_PORT``).
 Helpers of a rank (DataLoader workers, compile workers) inherit its environment; the topmost
@@ -19,106 +29,19 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import psutil
 
-from scout_sys.errors import SUDO_HINT, BadSelector, NoRanks, PermissionDenied, TargetGone
+from scout_sys.errors import BadSelector, NoRanks, PermissionDenied, TargetGone
 from scout_sys.model import Job, Rank
+from scout_sys.rankenv import _Candidate, _candidate, _environ, _int, container_pid, denied_hint
+
+__all__ = ["container_pid", "denied_hint", "find_job", "group_members", "with_layout", "_environ"]
 from scout_sys.text import ranks_text
 
-# (rank, world size, local rank) variables by launcher family, in order of preference.
-_RANK_VARS = (
-    ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
-    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
-    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
-)
 _SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish"}
 _LOOPBACK = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
-
-
-@dataclass(frozen=True)
-class _Candidate:
-    pid: int
-    ppid: int
-    rank: int
-    world_size: int
-    local_rank: int | None
-    local_world_size: int | None
-    group_rank: int | None
-    key: str
-    is_python: bool
-    name: str
-    env: dict[str, str]
-
-
-def _int(v: str | None) -> int | None:
-    try:
-        return int(v) if v is not None else None
-    except ValueError:
-        return None
-
-
-def _environ(pid: int) -> dict[str, str] | None:
-    """The process's environment, or None when it cannot be read (gone, zombie, kernel thread)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read()
-    except PermissionError as e:
-        raise PermissionDenied(f"cannot read the environment of pid {pid}: {SUDO_HINT}", pid=pid) from e
-    except OSError:
-        return None
-    env: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        k, sep, v = item.partition(b"=")
-        if sep:
-            env[k.decode(errors="replace")] = v.decode(errors="replace")
-    return env
-
-
-def _candidate(proc: psutil.Process) -> _Candidate | None:
-    """A rank process, or None. Never raises for vanished processes."""
-    try:
-        env = _environ(proc.pid)
-        if not env or env.get("SCOUT_REPLAY_WORKER"):  # a replay worker carries its rank's environment
-            return None
-        for rv, wv, lv in _RANK_VARS:  # noqa: B007 (lv is used after the loop)
-            rank, ws = _int(env.get(rv)), _int(env.get(wv))
-            if rank is not None and ws is not None and 0 <= rank < ws:
-                break
-        else:
-            return None
-        name = proc.name()
-        try:
-            exe = os.path.basename(proc.exe())
-        except (psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            exe = name
-        ppid = proc.ppid()
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return None
-    except psutil.AccessDenied as e:
-        raise PermissionDenied(f"cannot inspect pid {proc.pid}: {SUDO_HINT}", pid=proc.pid) from e
-    run_id = env.get("TORCHELASTIC_RUN_ID")
-    if run_id:
-        key = f"run:{run_id}"
-    elif env.get("MASTER_ADDR") or env.get("MASTER_PORT"):
-        key = f"master:{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
-    else:
-        key = f"env:{env.get('SLURM_JOB_ID') or env.get('OMPI_COMM_WORLD_SIZE') or ''}:{ws}"
-    return _Candidate(
-        pid=proc.pid,
-        ppid=ppid,
-        rank=rank,
-        world_size=ws,
-        local_rank=_int(env.get(lv)),
-        local_world_size=_int(env.get("LOCAL_WORLD_SIZE") or env.get("OMPI_COMM_WORLD_LOCAL_SIZE")),
-        group_rank=_int(env.get("GROUP_RANK")),
-        key=key,
-        is_python="python" in exe.lower() or "python" in name.lower(),
-        name=name,
-        env=env,
-    )
 
 
 def _process(pid: int) -> psutil.Process:
@@ -129,7 +52,7 @@ def _process(pid: int) -> psutil.Process:
     except psutil.NoSuchProcess as e:
         raise TargetGone(f"no process with pid {pid}", pid=pid) from e
     except psutil.AccessDenied as e:
-        raise PermissionDenied(f"cannot inspect pid {pid}: {SUDO_HINT}", pid=pid) from e
+        raise PermissionDenied(f"cannot inspect pid {pid}: {denied_hint()}", pid=pid) from e
 
 
 def _descendants(proc: psutil.Process) -> list[psutil.Process]:
@@ -247,6 +170,7 @@ def _build(cands: list[_Candidate], launcher: psutil.Process | None, selector: s
             device=_device(c),
             run_id=c.env.get("TORCHELASTIC_RUN_ID"),
             name=c.name,
+            container_pid=container_pid(c.pid),
         )
         for c in ranks_c
     )
@@ -289,6 +213,30 @@ def _candidates(pool: Iterable[psutil.Process]) -> list[_Candidate]:
     if not out and denied is not None:
         raise denied
     return out
+
+
+def _env_candidates(name: str, value: str | None) -> list[_Candidate]:
+    """This host's rank processes whose environment holds ``name=value`` (``value`` None: ``name`` with
+    any value). A process whose environment
+    cannot be read (PID 1 of a sandbox, another user's as non-root) is skipped, never the end of the
+    scan; when nothing matches, :class:`NoRanks` says how many were skipped and what would help."""
+    out: list[_Candidate] = []
+    denied: list[int] = []
+    for p in _all_processes():
+        try:
+            c = _candidate(p)
+        except PermissionDenied:
+            denied.append(p.pid)
+            continue
+        if c is not None and (c.env.get(name) == value if value is not None else name in c.env):
+            out.append(c)
+    if out:
+        return out
+    msg = f"no rank process on this host has {name}{'' if value is None else '=' + value} in its environment"
+    if denied:
+        msg += (f" ({len(denied)} process{'es' if len(denied) > 1 else ''} whose environment could not be read "
+                f"{'were' if len(denied) > 1 else 'was'} skipped, e.g. pid {denied[0]}: {denied_hint()})")
+    raise NoRanks(msg)
 
 
 def _nearest_launcher(proc: psutil.Process, key: str) -> psutil.Process | None:
@@ -368,12 +316,11 @@ def _find_job(selector: str) -> Job:
     if sel.startswith("env:"):
         # env:NAME=VALUE: this host's rank processes whose environment holds NAME=VALUE (e.g.
         # SLURM_JOB_ID, TORCHELASTIC_RUN_ID): how an agent started beside the job finds it.
+        # env:NAME: the ranks that have NAME at all (whatever job runs here: a node-level agent).
         name, eq, value = sel[4:].partition("=")
-        if not name or not eq:
-            raise BadSelector(f"bad selector {selector!r}: env:NAME=VALUE, e.g. env:SLURM_JOB_ID=1234")
-        cands = [c for c in _candidates(_all_processes()) if c.env.get(name) == value]
-        if not cands:
-            raise NoRanks(f"no rank process on this host has {name}={value} in its environment")
+        if not name or "\0" in name:
+            raise BadSelector(f"bad selector {selector!r}: env:NAME=VALUE or env:NAME, e.g. env:SLURM_JOB_ID=1234")
+        cands = _env_candidates(name, value if eq else None)
         try:
             launcher = _nearest_launcher(psutil.Process(cands[0].pid), cands[0].key)
         except psutil.NoSuchProcess:
@@ -395,7 +342,7 @@ def _find_job(selector: str) -> Job:
         return job
     pid = _int(sel)
     if pid is None or pid <= 0:
-        raise BadSelector(f"bad selector {selector!r}: expected PID, pgid:N, env:NAME=VALUE or PID,PID,...")
+        raise BadSelector(f"bad selector {selector!r}: expected PID, pgid:N, env:NAME=VALUE, env:NAME or PID,PID,...")
     proc = _process(pid)
     me = _candidate(proc)
     if me is not None:

@@ -48,6 +48,11 @@ class Rank:
     run_id: str | None = None
     name: str = ""  # process name, untrusted text
     coords: tuple[tuple[str, int], ...] = ()  # place in the parallel layout, e.g. (("dp", 1), ("pp", 0))
+    container_pid: int | None = None  # its pid inside its own PID namespace (a container); ``pid`` is the host's
+
+    def pid_text(self) -> str:
+        """``1234``, or ``1234 (container pid 7)`` for a rank in its own PID namespace."""
+        return f"{self.pid} (container pid {self.container_pid})" if self.container_pid is not None else str(self.pid)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -57,6 +62,8 @@ class Rank:
             "local_rank": self.local_rank,
             "device": self.device,
         }
+        if self.container_pid is not None:
+            out["container_pid"] = self.container_pid
         if self.coords:
             out["coords"] = dict(self.coords)
         return out
@@ -415,7 +422,7 @@ class Snapshot:
             else:
                 ranks.append(Rank(rank=n, pid=int(r["pid"]), host=str(r.get("host", "")),
                                   local_rank=r.get("local_rank"), world_size=j.get("world_size"),
-                                  device=str(r.get("device", "cpu")),
+                                  device=str(r.get("device", "cpu")), container_pid=r.get("container_pid"),
                                   coords=tuple((str(k), int(v)) for k, v in (r.get("coords") or {}).items())))
             views[n] = RankView(rank=n, state=str(r.get("state", "unknown")), where=str(r.get("where", "")),
                                 collective=r.get("collective"), cpu_percent=r.get("cpu_percent"),

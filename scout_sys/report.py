@@ -50,14 +50,17 @@ def render(d: Diagnosis, *, verbose: bool = True) -> str:
     for inc in d.incidents:
         lines += render_incident(inc, d.time, verbose=verbose)
     lines.append("ranks:")
-    lines.append(f"  {'RANK':>5} {'PID':>8}  {'STATE':<10} {'CPU%':>5}  WHERE")
+    # ranks in their own PID namespace: the host's pid, and the container's that the job's logs print
+    ctr = any(rk.container_pid is not None for rk in job.ranks)
+    lines.append(f"  {'RANK':>5} {'PID':>8}  {'CTR PID  ' if ctr else ''}{'STATE':<10} {'CPU%':>5}  WHERE")
     views = d.views
     for r in sorted({x.rank for x in job.ranks} | set(job.missing)):
         rk = job.by_rank().get(r)
         v = views.get(r)
         cpu = "" if v is None or v.cpu_percent is None else f"{v.cpu_percent:.0f}"
         where = (v.collective or v.where) if v else ""
-        lines.append(f"  {r:>5} {rk.pid if rk else '-':>8}  {(v.state if v else '?'):<10} {cpu:>5}  {where}")
+        cpid = f"{rk.container_pid if rk and rk.container_pid is not None else '-':>7}  " if ctr else ""
+        lines.append(f"  {r:>5} {rk.pid if rk else '-':>8}  {cpid}{(v.state if v else '?'):<10} {cpu:>5}  {where}")
     off = {k: v for k, v in d.probes.items() if v}
     if off:
         lines.append("signals off: " + "; ".join(f"{k} ({v})" for k, v in off.items()))

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from scout_sys.errors import BadSelector, NoRanks, TargetGone
+from scout_sys import rankenv
+from scout_sys.errors import BadSelector, NoRanks, PermissionDenied, TargetGone
 from scout_sys.job import find_job
 from tests.conftest import scout
 
@@ -29,7 +30,9 @@ def fake_job():
     """4 rank processes under a bash launcher in a new session; killed by process group at the end."""
     body = ("export MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 WORLD_SIZE=4 LOCAL_WORLD_SIZE=4\n"
             f"for r in 0 1 2 3; do RANK=$r LOCAL_RANK=$r {sys.executable} -c \"$CODE\" & done\nwait\n")
-    p = subprocess.Popen(["bash", "-c", body], env=dict(os.environ, CODE=RANK_CODE), start_new_session=True)
+    p = subprocess.Popen(["bash", "-c", body], env=dict(os.environ, CODE=RANK_CODE, SCOUT_TEST_JOB=str(os.getpid()),
+                                                        **{f"SCOUT_TEST_JOB_{os.getpid()}": "x"}),
+                         start_new_session=True)
     try:
         deadline = time.time() + 20
         while time.time() < deadline:
@@ -107,3 +110,55 @@ def test_cli_bad_input_is_one_line_exit_2(sel, needle):
     assert out.stdout == ""
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in out.stderr, out.stderr
+
+
+def test_env_selector_finds_the_ranks_with_the_variable(fake_job):
+    job = find_job(f"env:SCOUT_TEST_JOB={os.getpid()}")
+    assert sorted(r.rank for r in job.ranks) == [0, 1, 2, 3]
+    assert job.launcher_pid == fake_job.pid
+    assert all(r.container_pid is None for r in job.ranks)  # same PID namespace as ours
+    # env:NAME, any value: whatever job has the variable (how a node-level agent finds torchrun's jobs)
+    job = find_job(f"env:SCOUT_TEST_JOB_{os.getpid()}")
+    assert sorted(r.rank for r in job.ranks) == [0, 1, 2, 3] and job.launcher_pid == fake_job.pid
+    with pytest.raises(NoRanks, match="has SCOUT_NO_SUCH_VARIABLE in its environment"):
+        find_job("env:SCOUT_NO_SUCH_VARIABLE")
+
+
+def test_an_unreadable_process_never_ends_the_env_scan(fake_job, monkeypatch):
+    # one real process whose environment may not be read (as PID 1 of a sandbox, or another user's
+    # for a non-root monitor): the scan skips it and still finds the job
+    sleeper = subprocess.Popen(["sleep", "30"])
+    real = rankenv._environ
+
+    def environ(pid: int):
+        if pid == sleeper.pid:
+            raise PermissionDenied(f"cannot read the environment of pid {pid}: {rankenv.denied_hint()}", pid=pid)
+        return real(pid)
+
+    monkeypatch.setattr(rankenv, "_environ", environ)
+    try:
+        job = find_job(f"env:SCOUT_TEST_JOB={os.getpid()}")
+        assert sorted(r.rank for r in job.ranks) == [0, 1, 2, 3]
+        # nothing matches: then, and only then, the skipped processes are named, with advice that applies
+        with pytest.raises(NoRanks) as e:
+            find_job("env:SCOUT_TEST_JOB=no-such-job")
+        msg = str(e.value)
+        assert "no rank process on this host has SCOUT_TEST_JOB=no-such-job" in msg
+        assert "could not be read" in msg and "skipped" in msg, msg
+        if os.geteuid() == 0:
+            assert "run as root" not in msg and "protected even from root" in msg, msg
+        else:
+            assert "run as root" in msg, msg
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_env_selector_matching_nothing_is_one_line_and_exit_2():
+    # as root on a host whose PID 1 hides its environment this said "run as root" and stopped the scan
+    out = scout("diagnose", "--job", "env:SLURM_JOB_ID=no-such-job", "--window", "0.5")
+    assert out.returncode == 2 and out.stdout == "", out
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no rank process on this host has SLURM_JOB_ID=no-such-job" in lines[0], out.stderr
+    if os.geteuid() == 0:
+        assert "run as root" not in lines[0], lines[0]

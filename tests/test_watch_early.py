@@ -72,3 +72,34 @@ def test_a_probe_that_cannot_run_says_why_to_every_monitor():
     assert lease.check() == "needs root"
     e.close()
     assert (p.handed_off, p.closed) == (0, 0)  # never attached: nothing to detach
+
+
+
+def test_the_give_up_time_counts_from_the_jobs_first_process():
+    # an env: watch started by a prolog or a node agent may wait hours for its job: no process yet is
+    # not "this job never loads NCCL"; once the job's processes exist, GIVE_UP applies
+    import threading
+
+    from scout_sys.watch.early import GIVE_UP
+
+    class NoSleep(threading.Event):
+        def wait(self, timeout=None):
+            return self.is_set()
+
+    now, looks = [0.0], [0]
+
+    def pids() -> list[int]:
+        looks[0] += 1
+        now[0] += 72.0  # each look, the clock moves 72 s: 50 looks are an hour
+        return [os.getpid()] if looks[0] > 50 else []
+
+    p = Recorder(found_after=10**9)  # the library never appears
+    e = EarlyProbes([p], pids, clock=lambda: now[0])
+    e._stop = NoSleep()
+    e.start()
+    try:
+        assert e.wait(10) and e.reason and e.reason.startswith("no NCCL library"), e.reason
+        with_job = [c for c in p.calls if c]
+        assert looks[0] > 50 and len(with_job) >= GIVE_UP // 72, (looks, len(with_job))
+    finally:
+        e.close()

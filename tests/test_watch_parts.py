@@ -353,3 +353,19 @@ def test_views_keep_the_last_place_and_take_the_state_from_proc():
     assert v.views[1].state == "stopped" and v.views[1].where.endswith("load_batch")
     v.from_procs([ProcSample(time=T0 + 6, rank=1, pid=101, status="gone")], T0 + 6)
     assert v.views[1].state == "exited"
+
+
+def test_finder_waits_for_an_env_selector_until_its_ranks_appear():
+    # a Slurm prolog starts the watch before any process of the job exists: nothing to outlive, so it
+    # waits (no TargetGone, no "ended without ranks"), and says what for
+    fp = FakeProcesses()
+    f = RankFinder("env:SLURM_JOB_ID=7", fp.find, look_every=0.5)  # the real rule of how long it waits
+    found = f.first(T0)
+    assert found.status == WAITING and "SLURM_JOB_ID=7" in found.note
+    assert f.first(T0 + 3600).status == WAITING  # an hour later, still
+    fp.job = _job(4)
+    assert f.first(T0 + 3601).status == FOUND
+    f = RankFinder("env:SLURM_JOB_ID=7", FakeProcesses().find, wait_ranks=30)
+    assert f.first(T0).status == WAITING
+    with pytest.raises(NoRanks, match="--wait-ranks"):
+        f.first(T0 + 30)

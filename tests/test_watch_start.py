@@ -5,6 +5,7 @@ ranks; a healthy job that ends. Jobs are killed at teardown (conftest start_job)
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -128,3 +129,25 @@ async def _drive(job: DemoJob, w: Watcher) -> None:
         assert len(app.snapshot.job.ranks) == 4
         assert "INCIDENT hang rank 1" in str(app.query_one(HeaderBar).render())
         await pilot.press("q")
+
+
+def test_watch_of_an_env_selector_started_before_the_job_follows_it(start_job, tmp_path):
+    # how a Slurm prolog or batch script starts it: before any process of the job step exists
+    job_id = f"scout-test-{os.getpid()}-{time.monotonic_ns()}"
+    w = WatchCli(f"env:SLURM_JOB_ID={job_id}", "--stall-after", "5", "--state-dir", str(tmp_path))  # eBPF on, as a prolog runs it
+    try:
+        time.sleep(3)
+        assert w.proc.poll() is None, w.stderr()  # it waits: no exit 2 for a job that has no process yet
+        waiting = [x for x in w.stderr().splitlines() if WAITING_TEXT.rstrip("…") in x]
+        assert len(waiting) == 1 and f"SLURM_JOB_ID={job_id}" in waiting[0], w.stderr()
+        job = start_job(4, fault="hang", fault_rank=2, fault_step=10, env={"SLURM_JOB_ID": job_id})
+        job.wait_fault(timeout=180)
+        e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["kind"] == HANG, timeout=90)
+        assert e["incident"]["status"] == ATTRIBUTED and e["incident"]["ranks"] == [2], e
+        assert w.opened() == [(HANG, ATTRIBUTED, [2])], w.events
+        # the job is killed (SIGKILL: eBPF sees the kills, which may open process_exit): the watch ends
+        # with it, with 1 (incidents were opened), instead of waiting for another job
+        job.stop()
+        assert w.proc.wait(timeout=60) == 1, w.stderr()
+    finally:
+        w.stop()

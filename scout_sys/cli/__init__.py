@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="attach the eBPF probes in the background (default: on; --no-ebpf leaves them out)")
     w.add_argument("--wait-ranks", type=float, default=None, metavar="SECONDS",
                    help="when the job has no rank yet (watch started with the launcher), wait at most this long "
-                        "for its ranks (default: as long as the selected process lives)")
+                        "for its ranks (default: as long as the selected process lives; with env:NAME=VALUE, which a "
+                        "Slurm prolog starts before the job step, until ranks with it appear)")
     w.add_argument("--replay", action=argparse.BooleanOptionalAction, default=True,
                    help="replay rounds (docs/replay.md): one after each checkpoint the job's ranks write, so that "
                         "certify can certify the next one (low priority, bounded duty cycle, skipped when the host is "

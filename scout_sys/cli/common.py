@@ -21,7 +21,8 @@ class _Parser(argparse.ArgumentParser):
 def _job_options(p: argparse.ArgumentParser, *, required: bool = True, topology: bool = True) -> None:
     p.add_argument("--job", required=required, metavar="SEL",
                    help="PID of the launcher or of any rank, pgid:N, env:NAME=VALUE (ranks whose environment holds it, "
-                        "e.g. env:SLURM_JOB_ID=1234), or PID,PID,... of rank processes")
+                        "e.g. env:SLURM_JOB_ID=1234), env:NAME (ranks that have NAME at all, e.g. env:TORCHELASTIC_RUN_ID: "
+                        "whatever torchrun job runs on this host), or PID,PID,... of rank processes")
     if not topology:
         return
     p.add_argument("--topology", default=None, metavar="LAYOUT",

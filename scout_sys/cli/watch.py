@@ -223,6 +223,10 @@ def _watch(args: argparse.Namespace) -> int:
             if not args.json:
                 print(f"watching {job.world_size} ranks ({len(job.ranks)} on {job.host}), launcher {job.launcher} "
                       f"pid {job.launcher_pid}; Ctrl-C to stop", flush=True)
+                inside = [r for r in sorted(job.ranks, key=lambda r: r.rank) if r.container_pid is not None]
+                if inside:  # ranks in their own PID namespace: the pids their logs print are these
+                    print("ranks in a PID namespace (host pid, container pid): " + ", ".join(
+                        f"rank {r.rank} {r.pid_text()}" for r in inside), flush=True)
 
         if watcher.job is None:
             print(f"scout-sys: {watcher.waiting}", file=sys.stderr, flush=True)

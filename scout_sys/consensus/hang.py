@@ -204,6 +204,9 @@ def activities(job: Job, obs: Sequence[Observation]) -> dict[int, Activity]:
 
 def _who(job: Job, a: Activity) -> str:
     pid = f"pid {a.pid}" if a.pid else "pid ?"
+    r = job.by_rank().get(a.rank)
+    if a.pid and r is not None and r.pid == a.pid and r.container_pid is not None:
+        pid += f", container pid {r.container_pid}"  # a rank in its own PID namespace, as its logs name it
     return f"rank {a.rank} ({pid} on {job.host_of(a.rank)})"
 
 

@@ -372,7 +372,7 @@ def rank_details(s: Any, rank: int) -> Text:
     t.append(f"rank {rank}\n", "bold")
     if r:
         t.append("  pid ")
-        t.append(str(r.pid))
+        t.append(r.pid_text())
         t.append("  host ")
         t.append(printable(r.host))
         t.append(f"  local rank {r.local_rank}  device ")

@@ -69,6 +69,8 @@ def proc_details(job: Job) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for r in job.ranks:
         info: dict[str, Any] = {"pid": r.pid}
+        if r.container_pid is not None:
+            info["container_pid"] = r.container_pid
         for name in ("status", "wchan", "stack", "sched", "schedstat", "cmdline"):
             try:
                 with open(f"/proc/{r.pid}/{name}", "rb") as f:

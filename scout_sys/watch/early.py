@@ -92,8 +92,11 @@ class EarlyProbes:
                     self.reason = reason
                     return
                 while not self._stop.is_set():
+                    pids = _descendants(self.pids())
+                    if not pids:  # nothing of the job exists yet (an env: selector's watch waits for it):
+                        t0 = self.clock()  # the time to give up counts from its first process
                     try:
-                        p.prepare(_descendants(self.pids()))
+                        p.prepare(pids)
                         break
                     except ProbeUnavailable as e:
                         if not str(e).startswith(NO_NCCL) or self.clock() - t0 > GIVE_UP:

@@ -7,12 +7,17 @@ and hands over the job once every rank expected on this host is there (``WORLD_S
 ``LOCAL_WORLD_SIZE``), or ``grace`` seconds after the first one appeared. The same rule follows an
 elastic restart: new pids for the same ranks.
 
+An ``env:NAME=VALUE`` selector names no process to outlive: a Slurm prolog or batch script starts the
+watch before any process of the job step exists. The watch then waits until ranks with that variable
+appear, without bound unless ``wait_ranks`` says otherwise; SIGINT / SIGTERM (the epilog) end it.
+
 The finder is a part of the watch loop: ``now`` in, a decision out; finding processes and asking
 whether one lives are passed in, so it is tested on a fake clock.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,9 +46,30 @@ def alive(pid: int) -> bool:
         return False
 
 
+def env_pids(selector: str) -> list[int]:
+    """``env:NAME=VALUE``: every process (ranks, their launcher, the batch script) whose environment
+    holds NAME=VALUE (``env:NAME``: NAME with any value); unreadable ones are skipped."""
+    name, eq, value = selector.strip()[4:].partition("=")
+    needle, prefix = f"{name}={value}".encode(), f"{name}=".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    items = f.read().split(b"\0")
+                if needle in items if eq else any(v.startswith(prefix) for v in items):
+                    out.append(int(entry))
+            except OSError:
+                continue
+    return out
+
+
 def selector_pids(selector: str) -> list[int]:
-    """The processes whose life bounds the wait: the selected pid, or a process group's members."""
+    """The processes the selector names: the selected pid, a process group's members, or (``env:``) the
+    processes whose environment holds the variable."""
     sel = selector.strip()
+    if sel.startswith("env:"):
+        return env_pids(sel)
     if sel.startswith("pgid:"):
         from scout_sys.job import group_members
 
@@ -57,6 +83,14 @@ def selector_pids(selector: str) -> list[int]:
         return []
 
 
+def _lives(selector: str) -> bool:
+    """Whether the wait for ranks goes on: as long as a selected process lives; always for ``env:``
+    (nothing of the job may exist yet: see the module's docstring)."""
+    if selector.strip().startswith("env:"):
+        return True
+    return any(alive(p) for p in selector_pids(selector))
+
+
 class RankFinder:
     def __init__(self, selector: str, find: Callable[[str], Job], *, wait_ranks: float | None = None,
                  grace: float = GRACE, look_every: float = LOOK_EVERY,
@@ -66,7 +100,7 @@ class RankFinder:
         self.wait_ranks = wait_ranks
         self.grace = grace
         self.look_every = look_every
-        self.lives = lives or (lambda sel: any(alive(p) for p in selector_pids(sel)))
+        self.lives = lives or _lives
         self.launcher_pid: int | None = None
         self._started: float | None = None
         self._first_seen: float | None = None
@@ -89,6 +123,8 @@ class RankFinder:
             if self.wait_ranks is not None and now - self._started >= self.wait_ranks:
                 raise NoRanks(f"no rank processes appeared under --job {self.selector} within "
                               f"{self.wait_ranks:g} s (--wait-ranks)") from e
+            if self.selector.strip().startswith("env:"):
+                return Found(WAITING, note=f"none yet with {self.selector.strip()[4:]}; SIGINT / SIGTERM ends the watch")
             return Found(WAITING)
         except TargetGone:
             if self._first_seen is None and now > self._started:

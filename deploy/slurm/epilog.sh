@@ -1,0 +1,24 @@
+#!/bin/bash
+# Slurm Epilog (slurm.conf: Epilog=/etc/scout-sys/slurm/epilog.sh): stop the watch prolog.sh started
+# for this job (SIGTERM: the probes are detached and the log says "watch stopped"; SIGKILL after 15 s).
+# Only a process that is still that watch is signalled (a pid file may outlive its process).
+# Never fails the job: the exit status is always 0.
+run() {
+  [ -r /etc/default/scout-sys ] && . /etc/default/scout-sys
+  local run_dir="${SCOUT_SYS_RUN_DIR:-/run/scout-sys}" job="${SLURM_JOB_ID:-}"
+  [[ "$job" =~ ^[0-9A-Za-z_.-]+$ ]] || return 0
+  local pidfile="$run_dir/watch-$job.pid" pid
+  [ -f "$pidfile" ] || return 0
+  pid="$(cat "$pidfile")"
+  rm -f "$pidfile"
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 0
+  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- " watch --job env:SLURM_JOB_ID=$job " || return 0
+  kill -TERM "$pid" || return 0
+  for _ in $(seq 30); do
+    [ -e "/proc/$pid" ] || return 0
+    sleep 0.5
+  done
+  kill -KILL "$pid"
+}
+run 2>/dev/null
+exit 0
