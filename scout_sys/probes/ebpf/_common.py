@@ -41,7 +41,7 @@ def privilege_reason() -> str | None:
     caps = effective_caps()
     if caps & (1 << CAP_SYS_ADMIN) or (caps & (1 << CAP_BPF) and caps & (1 << CAP_PERFMON)):
         return None
-    return 'needs root or CAP_BPF+CAP_PERFMON: sudo env "PATH=$PATH" scout-sys ...'
+    return "needs root or CAP_BPF+CAP_PERFMON: sudo scout-sys ..."
 
 
 def headers_reason() -> str | None:
