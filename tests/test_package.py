@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from scout_sys.probes.ebpf import distro
 from scout_sys.probes.ebpf.distro import find_system_bcc
 from tests._ebpf_jobs import ROOT, ebpf_skip_reason
 from tests.conftest import origins, settle
@@ -72,6 +73,16 @@ def test_the_wheel_carries_the_bpf_sources_and_no_torch_comes_with_it(pkg: Insta
     assert p.stdout.strip() == "[]", p.stdout  # bcc too: not on this venv's path, found by scout-sys
 
 
+def test_its_advice_names_the_distro_packages_never_make(pkg: Installed) -> None:
+    """A pip user has no Makefile: what doctor and the probes advise is the distro's install command."""
+    code = "from scout_sys.probes.ebpf import distro; print(distro.source_checkout()); print(distro.setup_hint())"
+    p = subprocess.run([str(pkg.venv / "bin" / "python"), "-c", code], capture_output=True, text=True, env=pkg.env,
+                       cwd=pkg.work, timeout=60, check=True)
+    checkout, hint = p.stdout.splitlines()
+    assert checkout == "None" and "make" not in hint, hint
+    assert hint.startswith(distro.install_command()) and hint.endswith("then `sudo scout-sys doctor`"), hint
+
+
 @pytest.mark.parametrize(("args", "what", "extra"), [
     (["agent", "--job", "1", "--store", "127.0.0.1:1", "--nnodes", "1", "--node-rank", "0", "--token-file", "t"],
      "agent", "cluster"),
@@ -94,7 +105,6 @@ def test_doctor_finds_the_distro_bcc_by_itself(pkg: Installed) -> None:
     assert p.returncode == 0, p.stdout + p.stderr
     bcc = next(line for line in p.stdout.splitlines() if line.split()[1:2] == ["bcc"])
     assert bcc.startswith("OK") and f"{find_system_bcc()} (distro bcc, imported from the system's dist-packages)" in bcc
-    assert "make" not in p.stdout, p.stdout  # a pip user has no Makefile
     assert f"{pkg.venv}/bin/py-spy" in p.stdout
 
 
