@@ -5,14 +5,23 @@
 #               a time, then the load-sensitive ones alone (scripts/test.sh); an eBPF or real-job test
 #               that skips fails it (SCOUT_SYS_ALLOW_SKIPS=1 allows skips on purpose)
 #   make bench  run the benchmarks
+#   make wheel  build dist/scout_sys-VERSION-py3-none-any.whl (pip/pipx install it anywhere)
+#   make install  as root: the wheel into its own venv $(PREFIX) with the product's dependencies only
+#               (extras $(EXTRAS); EXTRAS= for the monitor alone, no torch), linked as $(BINDIR)/scout-sys,
+#               where sudo's secure_path finds it on Debian/Ubuntu (RHEL: BINDIR=/usr/bin). README "Install".
 
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
+PREFIX  ?= /opt/scout-sys
+BINDIR  ?= /usr/local/bin
+EXTRAS  ?= all
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+WHEEL   := dist/scout_sys-$(VERSION)-py3-none-any.whl
 
-.PHONY: all setup system ebpf doctools test demo bench lint clean
+.PHONY: all setup system ebpf doctools test demo bench lint clean wheel install
 
 all: setup
 
@@ -22,17 +31,35 @@ setup: $(STAMP) ebpf doctools
 system:
 	@bash scripts/setup-system.sh
 
-$(STAMP): requirements.txt requirements-frameworks.txt constraints.txt pyproject.toml | system
+# The dev venv: the product's dependencies (requirements.txt), then what only the tests need.
+$(STAMP): requirements.txt requirements-test.txt requirements-frameworks.txt constraints.txt pyproject.toml | system
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -r requirements.txt
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -r requirements-test.txt
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -r requirements-frameworks.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
-# bcc from Debian, kernel headers (linked when the running kernel has none), debugfs;
+# bcc from the distro, kernel headers (linked when the running kernel has none), debugfs;
 # exposes only the distro `bcc` module to the venv. See docs/ebpf.md and `scout-sys doctor`.
+# A failure is reported and skipped: everything else works without eBPF (doctor says what is missing).
 ebpf: $(STAMP)
-	@bash scripts/setup-ebpf.sh $(VENV)
+	@bash scripts/setup-ebpf.sh $(VENV) || echo "scout-sys: eBPF set-up failed (above); the rest is set up, eBPF probes stay off until it is fixed: see \`$(BIN)/scout-sys doctor\` and docs/ebpf.md" >&2
+
+# build/ is removed first: setuptools would put the files of an older build/lib in the wheel.
+wheel: $(STAMP)
+	rm -rf build $(WHEEL)
+	$(BIN)/pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w dist .
+	rm -rf build
+
+install: wheel
+	@[ "$$(id -u)" = 0 ] || { echo "scout-sys install: run as root (sudo make install)" >&2; exit 1; }
+	[ -x $(PREFIX)/bin/python ] || $(PY) -m venv $(PREFIX)
+	$(PREFIX)/bin/pip install -q --disable-pip-version-check -c constraints.txt -c requirements.txt "$(WHEEL)$(if $(EXTRAS),[$(EXTRAS)])"
+	$(PREFIX)/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall "$(WHEEL)"
+	mkdir -p $(BINDIR)
+	ln -sfn $(PREFIX)/bin/scout-sys $(BINDIR)/scout-sys
+	@echo "scout-sys: installed in $(PREFIX), linked as $(BINDIR)/scout-sys; check it with: sudo scout-sys doctor"
 
 # visudo and promtool: tests/test_docs_examples.py checks the sudoers line and the alert rules the docs show.
 doctools: $(STAMP)
@@ -51,4 +78,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check scout_sys tests benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache build dist

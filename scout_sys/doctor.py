@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from scout_sys.probes.ebpf import _common
-
-FIX_SETUP = "run `sudo make ebpf` (scripts/setup-ebpf.sh)"
+from scout_sys.probes.ebpf import _common, distro
 
 
 @dataclass(frozen=True)
@@ -53,15 +51,15 @@ def check_headers() -> Check:
     build = Path("/lib/modules") / os.uname().release / "build"
     if reason is None:
         return Check("kernel headers", True, f"{build} -> {os.path.realpath(build)}")
-    return Check("kernel headers", False, f"{reason.split(';')[0]}; {FIX_SETUP}")
+    return Check("kernel headers", False, f"{reason.split(';')[0]}; {distro.setup_hint()}")
 
 
 def check_tracefs() -> Check:
     reason = _common.debugfs_reason()
     if reason is None:
         return Check("debugfs/tracefs", True, str(_common.DEBUGFS_EVENTS.parent))
-    return Check("debugfs/tracefs", False, "not mounted: mount -t debugfs debugfs /sys/kernel/debug; "
-                 + FIX_SETUP)
+    return Check("debugfs/tracefs", False, "not mounted: mount -t debugfs debugfs /sys/kernel/debug"
+                 + ("; " + distro.setup_hint() if distro.source_checkout() else ""))
 
 
 def check_uprobes() -> Check:
@@ -74,7 +72,8 @@ def check_uprobes() -> Check:
 def check_bcc() -> Check:
     bcc, reason = _common.load_bcc()
     if bcc is not None:
-        return Check("bcc", True, f"{Path(bcc.__file__).parent} (Debian python3-bpfcc)")
+        how = "imported from the system's dist-packages" if _common.BCC_FROM_SYSTEM else "on this Python's path"
+        return Check("bcc", True, f"{Path(bcc.__file__).parent} (distro bcc, {how})")
     return Check("bcc", False, reason or "bcc not importable")
 
 
@@ -82,7 +81,7 @@ def check_pyspy() -> Check:
     exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if os.access(exe, os.X_OK):
         return Check("py-spy", True, exe)
-    return Check("py-spy", False, "not found: pip install -r requirements.txt (make)")
+    return Check("py-spy", False, "not found: pip install py-spy" + (" (make)" if distro.source_checkout() else ""))
 
 
 def check_ptrace() -> Check:

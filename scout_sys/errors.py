@@ -35,7 +35,7 @@ class ProbeUnavailable(ScoutError):
     """A probe cannot run here (missing tool, kernel feature or permission)."""
 
 
-SUDO_HINT = 'run as root: sudo env "PATH=$PATH" scout-sys ...; in a container add --cap-add SYS_PTRACE'
+SUDO_HINT = "run as root: sudo scout-sys ...; in a container add --cap-add SYS_PTRACE"
 
 
 class BadToken(ScoutError):

@@ -40,7 +40,7 @@ def ebpf_reason() -> str | None:
 
 
 def libnccl() -> Path | None:
-    """The real libnccl.so.2 of the nvidia-nccl-cu12 wheel (requirements.txt), or None."""
+    """The real libnccl.so.2 of the nvidia-nccl-cu12 wheel (requirements-test.txt), or None."""
     spec = importlib.util.find_spec("nvidia.nccl")
     if spec is None or not spec.submodule_search_locations:
         return None

@@ -31,7 +31,7 @@ LIB = libnccl()
 SCRIPT = os.path.join(JOBS, "nccl_groups.py")
 LAYOUT = {(0, 1, 2, 3), (0, 1), (2, 3), (0, 2), (1, 3), (0, 1, 2)}
 needs = [pytest.mark.skipif(REASON is not None, reason=f"eBPF unavailable: {REASON}"),
-         pytest.mark.skipif(LIB is None, reason="nvidia-nccl-cu12 wheel not installed (pip install -r requirements.txt)")]
+         pytest.mark.skipif(LIB is None, reason="nvidia-nccl-cu12 wheel not installed (pip install -r requirements-test.txt)")]
 
 
 @pytest.fixture(scope="module")

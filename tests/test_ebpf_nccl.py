@@ -28,7 +28,7 @@ _libnccl = libnccl
 
 
 @pytest.mark.skipif(REASON is not None, reason=f"eBPF unavailable: {REASON}")
-@pytest.mark.skipif(_libnccl() is None, reason="nvidia-nccl-cu12 wheel not installed (pip install -r requirements.txt)")
+@pytest.mark.skipif(_libnccl() is None, reason="nvidia-nccl-cu12 wheel not installed (pip install -r requirements-test.txt)")
 def test_nccl_probe_reads_arguments() -> None:
     from scout_sys.probes.ebpf.collectives import CollectiveProbe
 

@@ -27,10 +27,12 @@ class WatchCli:
     """``scout-sys watch --headless --json`` in a subprocess; events collected by a reader thread.
     ``human=True``: without --json, the printed lines in ``lines``."""
 
-    def __init__(self, job_pid: int, *args: str, human: bool = False) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "scout_sys", "watch", "--job", str(job_pid),
+    def __init__(self, job_pid: int, *args: str, human: bool = False, scout: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        scout = scout or [sys.executable, "-m", "scout_sys"]  # or an installed scout-sys (test_package)
+        self.proc = subprocess.Popen([*scout, "watch", "--job", str(job_pid),
                                       "--headless", *([] if human else ["--json"]), *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.human = human
         self.events: list[dict] = []
         self.lines: list[str] = []

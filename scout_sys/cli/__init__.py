@@ -25,6 +25,7 @@ from scout_sys.cli.common import (
 from scout_sys.cli.replay import _certify, _replay, _replay_parsers
 from scout_sys.cli.watch import _WATCH_EPILOG, _export_options, _watch
 from scout_sys.errors import ScoutError
+from scout_sys.extras import MissingExtra, require
 
 __all__ = ["EXIT_ERROR", "EXIT_INCIDENT", "EXIT_OK", "build_parser", "main"]
 
@@ -149,6 +150,7 @@ def _diagnose(job_sel: str, window: float, *, as_json: bool, native: bool, quiet
 
 
 def _demo(args: argparse.Namespace) -> int:
+    require("scout-sys demo", "all", ("torch",))  # its trainer runs with this interpreter
     from scout_sys.demo.launch import DemoJob
     from scout_sys.job import find_job
     from scout_sys.monitor import Monitor
@@ -214,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _replay(args)
         if args.cmd == "certify":
             return _certify(args)
+    except MissingExtra as e:
+        print(e, file=sys.stderr)
+        return EXIT_ERROR
     except ScoutError as e:
         print(f"scout-sys: error: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -8,6 +8,7 @@ import sys
 
 from scout_sys.cli.common import EXIT_INCIDENT, EXIT_OK, _job_options, _open_output, _save
 from scout_sys.errors import ScoutError
+from scout_sys.extras import require
 
 # ====================================================================== many hosts (scout_sys/cluster)
 
@@ -53,6 +54,7 @@ def _agent_parser(sub) -> None:  # noqa: ANN001 - argparse's private subparsers 
 
 
 def _agent(args: argparse.Namespace) -> int:
+    require("scout-sys agent", "cluster")  # the c10d store client is torch's
     import signal
     import socket
     import threading
@@ -74,6 +76,7 @@ def _agent(args: argparse.Namespace) -> int:
 
 
 def _diagnose_cluster(args: argparse.Namespace) -> int:
+    require("scout-sys diagnose --cluster", "cluster")  # the c10d store client is torch's
     from scout_sys.cluster.client import ClusterClient, to_json
     from scout_sys.cluster.store import parse_addr
     from scout_sys.cluster.wire import read_token
@@ -105,6 +108,7 @@ def _diagnose_cluster(args: argparse.Namespace) -> int:
 
 
 def _watch_cluster(args: argparse.Namespace) -> int:
+    require("scout-sys watch --cluster", "cluster")  # the c10d store client is torch's
     import signal
     import threading
 

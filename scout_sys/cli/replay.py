@@ -8,6 +8,7 @@ import os
 
 from scout_sys.cli.common import EXIT_INCIDENT, EXIT_OK, _job_options
 from scout_sys.errors import ScoutError
+from scout_sys.extras import require
 
 # --------------------------------------------------------------------------- replay and certify
 
@@ -102,6 +103,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _certify(args: argparse.Namespace) -> int:
+    require("scout-sys certify", "replay", ("torch",))  # safetensors: when a .safetensors file is read
     from scout_sys.replay.certify import certify, render_certificate
     from scout_sys.watch.bundle import default_state_dir
 

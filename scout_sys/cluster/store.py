@@ -17,6 +17,7 @@ import socket
 from datetime import timedelta
 
 from scout_sys.errors import ScoutError, StoreUnreachable
+from scout_sys.extras import MissingExtra, install_hint
 
 EXCHANGE_TIMEOUT = 2.0  # seconds for one store operation; shorter than any verdict deadline
 
@@ -39,7 +40,10 @@ class Store:
 
     def __init__(self, host: str, port: int, *, serve: bool = False, timeout: float = EXCHANGE_TIMEOUT) -> None:
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # c10d's C++ retries would flood stderr
-        from torch.distributed import TCPStore
+        try:
+            from torch.distributed import TCPStore
+        except ImportError:
+            raise MissingExtra(f"the scout-sys store client needs torch: {install_hint('cluster')}") from None
 
         self.addr = f"{host}:{port}"
         self._sock: socket.socket | None = None

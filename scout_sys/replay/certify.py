@@ -26,6 +26,7 @@ from typing import Any
 
 from scout_sys.consensus import c3
 from scout_sys.errors import ScoutError
+from scout_sys.extras import require
 from scout_sys.replay import checkpoint as ck
 from scout_sys.replay import ledger
 from scout_sys.report import printable
@@ -252,10 +253,7 @@ def certify(paths: Sequence[str], *, state_dir: str, job: dict[str, Any] | None 
         if ck.kind_of(p) is None:
             raise ScoutError(f"{p} does not look like a checkpoint (a torch.save file, .safetensors, a DCP folder "
                              "with .metadata, or a folder of such files)")
-    try:
-        import torch  # noqa: F401 - certify reads tensors with the job's torch
-    except ImportError:
-        raise ScoutError("certify needs torch (pip install torch)") from None
+    require("scout-sys certify", "replay", ("torch",))  # it reads tensors with torch
     rounds = ledger.read(state_dir)
     jobs = jobs_of(rounds)
     if job is not None:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from scout_sys.extras import MissingExtra, require
 from scout_sys.replay.worker import flatten  # the worker's script is standard library until it runs
 
 TORCH_EXT = (".pt", ".pth", ".bin", ".ckpt", ".tar")
@@ -144,6 +145,8 @@ def read(path: str, *, digests: bool = False) -> FileReport:
             _read_dcp(torch, path, rep, digests)
         else:
             _read_torch(torch, path, rep, digests)
+    except MissingExtra:
+        raise
     except Exception as e:  # noqa: BLE001 - any failure to read is a reason to reject, in one line
         rep.error = _first_line(e)
     return rep
@@ -162,6 +165,7 @@ def _read_torch(torch: Any, path: str, rep: FileReport, digests: bool) -> None:
 
 
 def _read_safetensors(torch: Any, path: str, rep: FileReport, digests: bool) -> None:
+    require("scout-sys certify", "replay", ("safetensors",))  # raised: a missing module is no bad content
     from safetensors import safe_open
 
     with safe_open(path, framework="pt", device="cpu") as f:

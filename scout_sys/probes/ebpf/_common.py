@@ -15,10 +15,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from scout_sys.probes.ebpf.distro import find_system_bcc, import_package, setup_hint
+
 HERE = Path(__file__).resolve().parent
 DEBUGFS_EVENTS = Path("/sys/kernel/debug/tracing/events")
 UPROBE_PMU = Path("/sys/bus/event_source/devices/uprobe/type")
-SETUP_HINT = "run `sudo make ebpf` (scripts/setup-ebpf.sh), then `scout-sys doctor`"
 
 CAP_SYS_ADMIN = 21
 CAP_PERFMON = 38
@@ -40,24 +41,43 @@ def privilege_reason() -> str | None:
     caps = effective_caps()
     if caps & (1 << CAP_SYS_ADMIN) or (caps & (1 << CAP_BPF) and caps & (1 << CAP_PERFMON)):
         return None
-    return 'needs root or CAP_BPF+CAP_PERFMON: sudo env "PATH=$PATH" scout-sys ...'
+    return "needs root or CAP_BPF+CAP_PERFMON: sudo scout-sys ..."
 
 
 def headers_reason() -> str | None:
     build = Path("/lib/modules") / os.uname().release / "build"
     if (build / "include").is_dir():
         return None
-    return f"no kernel headers at {build} (bcc compiles against them); {SETUP_HINT}"
+    return f"no kernel headers at {build} (bcc compiles against them); {setup_hint()}"
 
 
 def debugfs_reason() -> str | None:
     if DEBUGFS_EVENTS.is_dir():
         return None
-    return f"debugfs/tracefs not mounted at /sys/kernel/debug; {SETUP_HINT}"
+    return f"debugfs/tracefs not mounted at /sys/kernel/debug; {setup_hint()}"
 
 
 _BCC: ModuleType | None = None
 _BCC_ERROR: str | None = None
+BCC_FROM_SYSTEM = False  # True: not on this Python's path, imported from the system's dist-packages
+
+
+def _import_bcc() -> ModuleType:
+    """``bcc`` as this environment imports it, else the distro's (only its package: distro.py)."""
+    try:
+        import bcc  # type: ignore[import-not-found]
+
+        return bcc
+    except ModuleNotFoundError as e:
+        if e.name != "bcc":
+            raise
+        pkg = find_system_bcc()
+        if pkg is None:
+            raise ModuleNotFoundError("no bcc module here or in the system's dist-packages", name="bcc") from None
+        global BCC_FROM_SYSTEM
+        module = import_package(pkg)
+        BCC_FROM_SYSTEM = True
+        return module
 
 
 def load_bcc() -> tuple[ModuleType | None, str | None]:
@@ -65,14 +85,13 @@ def load_bcc() -> tuple[ModuleType | None, str | None]:
     global _BCC, _BCC_ERROR
     if _BCC is None and _BCC_ERROR is None:
         try:
-            import bcc  # type: ignore[import-not-found]
-
+            bcc = _import_bcc()
             if not hasattr(bcc, "BPF"):
-                _BCC_ERROR = f"the `bcc` module at {bcc.__file__} is not BCC (pip uninstall bcc); {SETUP_HINT}"
+                _BCC_ERROR = f"the `bcc` module at {bcc.__file__} is not BCC (pip uninstall bcc); {setup_hint()}"
             else:
                 _BCC = bcc
         except Exception as e:  # ImportError, or libbcc.so missing (OSError)
-            _BCC_ERROR = f"bcc not importable ({type(e).__name__}: {e}); {SETUP_HINT}"
+            _BCC_ERROR = f"bcc not importable ({type(e).__name__}: {e}); {setup_hint()}"
     return _BCC, _BCC_ERROR
 
 

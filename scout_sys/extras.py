@@ -1,0 +1,44 @@
+"""Optional dependencies, named by the extra that installs them.
+
+The base package is the monitor (diagnose, watch, doctor, the dashboard, the exporters): it never
+imports torch. What needs more says so in one line that names the install command, before it starts:
+
+    [cluster]  torch: the c10d store client (``agent``, ``diagnose --cluster``, ``watch --cluster``)
+    [replay]   torch, safetensors: reading checkpoints in this process (``certify``); ``demo``'s trainer
+    [all]      both
+
+``replay`` itself needs none of them here: its workers run with each rank's own interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from scout_sys.errors import ScoutError
+
+EXTRAS: dict[str, tuple[str, ...]] = {"cluster": ("torch",), "replay": ("torch", "safetensors"),
+                                     "all": ("torch", "safetensors")}
+
+
+class MissingExtra(ScoutError):
+    """An optional dependency is not installed. ``str(e)`` is the whole line to print."""
+
+
+def install_hint(extra: str) -> str:
+    return f"pip install 'scout-sys[{extra}]'"
+
+
+def missing(module: str) -> bool:
+    """Whether ``module`` cannot be imported here (looked up, not imported: torch takes seconds)."""
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def require(what: str, extra: str, modules: tuple[str, ...] | None = None) -> None:
+    """Raise MissingExtra naming ``pip install 'scout-sys[extra]'`` when a module of it is missing.
+    ``what``: who needs it, e.g. ``scout-sys agent``."""
+    for m in modules or EXTRAS[extra]:
+        if missing(m):
+            raise MissingExtra(f"{what} needs {m}: {install_hint(extra)}")
