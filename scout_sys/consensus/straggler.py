@@ -191,7 +191,7 @@ def cause(shares_: Mapping[int, CpuShare], rank: int, obs: Sequence[Observation]
         data.update(throttled_s=round(me.throttled_s or 0.0, 3), seconds=round(me.seconds, 3),
                     nr_throttled=me.nr_throttled, nr_periods=me.nr_periods, quota_cpus=me.quota,
                     peers_throttled=round(p_thr, 3))
-        quota = f" (quota {me.quota:.2f} CPU)" if me.quota else ""
+        quota = f" of {me.quota:.2f} CPU" if me.quota else ""
         return Cause("throttled", f"its cgroup's CPU quota{quota} throttled it in {me.nr_throttled} of "
                      f"{me.nr_periods} periods, {me.throttled_s:.2f} s of {me.seconds:.2f} s "
                      f"({100 * me.throttled:.0f}%; peers {100 * p_thr:.0f}%)", data)
