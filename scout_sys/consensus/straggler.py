@@ -531,11 +531,12 @@ def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], win
     """``diagnose``'s straggler, from one window: attributed when two measures agree — the stack samples
     (it never waited while the majority did), the collective arrival lag (eBPF), the main thread's busy
     share (schedstat: on a CPU or waiting for one) and the cgroup's throttled share (cpu.stat), each an
-    outlier among the ranks doing the same work by the same robust vote. One measure alone gives an
-    inconclusive straggler. The verdict says the cause. Returns (incidents, notes)."""
+    outlier among the ranks doing the same work by the same robust vote. One continuous measure alone
+    gives an inconclusive straggler; the stack samples alone, the weakest, a note. The verdict says the cause. Returns (incidents, notes)."""
     seen = never_waiting(job, obs, acts)
     named, causes = measures(job, obs, window[0], window[1])
     out: list[Incident] = []
+    notes: list[str] = []
     for r in sorted(set(named) | set(seen)):
         ev: list[Evidence] = []
         if r in seen:
@@ -558,6 +559,11 @@ def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], win
         how = (f"{_fmt(w0.metric, w0.values.get(r, 0.0))}; peers {_fmt(w0.metric, w0.median)}" if w0 is not None
                else "its peers wait for it")
         because = f"; cause: {c.label}" if c is not None else ""
+        if not ws:
+            # the stack samples alone are the weakest measure (a healthy rank that logs or reads its
+            # next batch at each sample looks the same): a note, as before
+            notes.append(f"possible straggler (stack samples only, not enough to name it): {ev[0].text}")
+            continue
         if n >= 2:
             waits = f" and it {'never' if not seen[r][3] else 'seldom'} waits" if r in seen else ""
             summary = f"rank {r} is a straggler: its peers wait for it ({how}){waits}{because}"
@@ -569,4 +575,4 @@ def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], win
         # an inconclusive incident names no origin (its ranks are empty); the suspect is in the summary
         out.append(Incident(kind=STRAGGLER, status=status, ranks=(r,) if status == ATTRIBUTED else (),
                             hosts=(job.host_of(r),), since=window[0], summary=summary, evidence=tuple(ev)))
-    return out, []
+    return out, notes
