@@ -559,6 +559,11 @@ def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], win
         how = (f"{_fmt(w0.metric, w0.values.get(r, 0.0))}; peers {_fmt(w0.metric, w0.median)}" if w0 is not None
                else "its peers wait for it")
         because = f"; cause: {c.label}" if c is not None else ""
+        a = acts.get(r)
+        if ws and a is not None and _writes_alone(a, [acts.get(p) for p in acts if p != r]):
+            notes.append(f"rank {r} is busier than its peers while it writes alone (a checkpoint): a pause, "
+                         "not a straggler")
+            continue
         if not ws:
             # the stack samples alone are the weakest measure (a healthy rank that logs or reads its
             # next batch at each sample looks the same): a note, as before
