@@ -114,8 +114,7 @@ def test_diagnose_names_the_rank_the_others_keep_waiting_for():
     # the busy share alone: an inconclusive straggler, naming no origin
     busy = [ProcSample(time=100.0 + t, rank=r, pid=10 + r, status="running", main_cpu_ns=int(t * 1e9 * (0.95 if r == 2 else 0.3)),
                        main_delay_ns=0) for r in range(4) for t in (0, 4)]
-    idle = {r: "running" for r in range(4)}
-    incidents, _ = straggler.in_window(_job(4), busy, idle, (100.0, 104.0))
+    incidents, _ = straggler.in_window(_job(4), busy, acts, (100.0, 104.0))
     assert [(i.kind, i.status, i.ranks) for i in incidents] == [("straggler", "inconclusive", ())]
     assert "rank 2 may be a straggler" in incidents[0].summary and "one measure only" in incidents[0].summary
     # both measures agree: attributed
