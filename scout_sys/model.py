@@ -152,6 +152,12 @@ class ProcSample:
     main_cpu_ns: int | None = None  # on-CPU time of the main thread (schedstat), ns
     main_delay_ns: int | None = None  # main thread runnable but not running (run queue, CPU quota), ns
     main_last_ran: float | None = None  # unix time the main thread last ran (sched exec_start)
+    # the CPU cgroup's throttling counters (cpu.stat: nr_periods, nr_throttled, throttled time in ns)
+    # and its quota in CPUs (cfs_quota_us / cfs_period_us, v2 cpu.max; None when unlimited)
+    cg_periods: int | None = None
+    cg_throttled: int | None = None
+    cg_throttled_ns: int | None = None
+    cg_quota: float | None = None
     ctx_switches: int = 0
     num_threads: int = 0
     wchan: str | None = None

@@ -81,3 +81,29 @@ def test_main_thread_last_ran_is_read_in_the_clock_of_its_cpu(cpu: int) -> None:
     finally:
         sleeper.kill()
         sleeper.wait(10)
+
+
+def test_cgroup_throttling_counters_v1_and_v2(tmp_path):
+    from scout_sys.probes.procfs import cgroup_throttling
+
+    proc, root = tmp_path / "proc", tmp_path / "cg"
+    (proc / "7").mkdir(parents=True)
+    (proc / "7" / "cgroup").write_text("3:cpuset:/\n2:cpu,cpuacct:/slow\n0::/\n")
+    v1 = root / "cpu,cpuacct" / "slow"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.stat").write_text("nr_periods 30\nnr_throttled 25\nthrottled_time 2400000000\n")
+    (v1 / "cpu.cfs_quota_us").write_text("12000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_throttling(7, str(proc), str(root)) == (30, 25, 2_400_000_000, 0.12)
+    # v2 (pure, at the root): throttled_usec, cpu.max; "max" is no quota
+    (proc / "7" / "cgroup").write_text("0::/job/rank3\n")
+    v2 = root / "job" / "rank3"
+    v2.mkdir(parents=True)
+    (v2 / "cpu.stat").write_text("usage_usec 9\nnr_periods 10\nnr_throttled 4\nthrottled_usec 300000\n")
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cgroup_throttling(7, str(proc), str(root)) == (10, 4, 300_000_000, None)
+    (v2 / "cpu.max").write_text("5000 100000\n")
+    assert cgroup_throttling(7, str(proc), str(root))[3] == 0.05
+    # no CPU controller files: Nones
+    (proc / "7" / "cgroup").write_text("0::/elsewhere\n")
+    assert cgroup_throttling(7, str(proc), str(root)) == (None, None, None, None)

@@ -111,6 +111,12 @@ def test_diagnose_names_the_rank_the_others_keep_waiting_for():
     # with the stacks alone (no busy share in the window): a note, not an incident
     incidents, notes = straggler.in_window(_job(4), obs, acts, (100.0, 104.0))
     assert incidents == [] and any("rank 2 was never found waiting" in n for n in notes)
+    # the busy share alone: an inconclusive straggler, naming no origin
+    busy = [ProcSample(time=100.0 + t, rank=r, pid=10 + r, status="running", main_cpu_ns=int(t * 1e9 * (0.95 if r == 2 else 0.3)),
+                       main_delay_ns=0) for r in range(4) for t in (0, 4)]
+    incidents, _ = straggler.in_window(_job(4), busy, acts, (100.0, 104.0))
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("straggler", "inconclusive", ())]
+    assert "rank 2 may be a straggler" in incidents[0].summary and "one measure only" in incidents[0].summary
     # both measures agree: attributed
     busy = [ProcSample(time=100.0 + t, rank=r, pid=10 + r, status="running", main_cpu_ns=int(t * 1e9 * (0.95 if r == 2 else 0.3)),
                        main_delay_ns=0) for r in range(4) for t in (0, 4)]
@@ -160,3 +166,70 @@ def test_peers_found_in_collectives_each_time_progress_when_they_exchange_data()
     assert set(straggler.never_waiting(_job(4), obs, acts)) == {2}
     obs, acts = _window(ranks, states, wrote={2: 90 << 10})  # peers silent: not a straggler's peers
     assert straggler.never_waiting(_job(4), obs, acts) == {}
+
+
+# ---- causes and the cgroup throttling measure
+
+
+def _cpu(n, on: dict[int, float], run: dict[int, float], thr: dict[int, float], seconds=5.0, quota=None):
+    """procfs samples at T0 and T0+seconds: main thread on-CPU / run-queue shares, cgroup throttled share."""
+    obs = []
+    for r in range(n):
+        for i, t in enumerate((T0, T0 + seconds)):
+            obs.append(ProcSample(time=t, rank=r, pid=100 + r, status="running",
+                                  main_cpu_ns=int(i * on.get(r, 0.1) * seconds * 1e9),
+                                  main_delay_ns=int(i * run.get(r, 0.0) * seconds * 1e9),
+                                  cg_periods=i * int(seconds * 10), cg_throttled=i * int(thr.get(r, 0.0) * seconds * 10),
+                                  cg_throttled_ns=int(i * thr.get(r, 0.0) * seconds * 1e9),
+                                  cg_quota=quota if thr.get(r) else None))
+    return obs
+
+
+def test_a_rank_throttled_by_its_quota_gets_the_cause_throttled_with_the_numbers():
+    obs = _cpu(4, {3: 0.12}, {3: 0.8}, {3: 0.8}, quota=0.12)
+    sh = straggler.shares(obs, range(4))
+    c = straggler.cause(sh, 3, obs)
+    assert c.kind == "throttled" and c.label == "starved of CPU (throttled)"
+    assert c.data["nr_throttled"] == 40 and c.data["nr_periods"] == 50 and c.data["throttled_s"] == 4.0
+    assert "quota of 0.12 CPU" in c.text and "40 of 50 periods" in c.text
+    # the window verdict names it (busy share), with that cause
+    w = straggler.window_verdict(_job(), obs, T0, T0 + 5)
+    assert w.suspects == (3,) and w.causes[3].kind == "throttled"
+
+
+def test_contended_compute_input_and_communication_causes():
+    obs = _cpu(4, {2: 0.3}, {2: 0.6}, {})
+    assert straggler.cause(straggler.shares(obs, range(4)), 2, obs).kind == "contended"
+    obs = _cpu(4, {2: 0.9}, {}, {})
+    c = straggler.cause(straggler.shares(obs, range(4)), 2, obs)
+    assert c.kind == "compute" and "runs 90%" in c.text
+    obs = _cpu(4, {}, {}, {})
+    assert straggler.cause(straggler.shares(obs, range(4)), 2, obs).kind == "communication"
+    from scout_sys.model import StackSample, ThreadStack
+
+    loader = _fr("_next_data", "__next__", "main")
+    stacks = [StackSample(time=T0 + i, rank=2, pid=102, threads=(ThreadStack(tid=102, name="MainThread", active=True, frames=loader),)) for i in range(3)]
+    assert straggler.cause(straggler.shares(obs, range(4)), 2, obs + stacks).kind == "input"
+
+
+def test_throttling_alone_names_a_rank_only_when_it_is_busier_than_its_peers():
+    # lag names nobody (eBPF hid it): the throttle measure names the throttled rank, busier than its peers
+    w = straggler.window_verdict(_job(), _cpu(4, {1: 0.1}, {1: 0.5}, {1: 0.5}), T0, T0 + 5)
+    assert w.suspects == (1,)
+    # throttled but idle like its peers (its quota is not what paces the job): nobody
+    w = straggler.window_verdict(_job(), _cpu(4, {1: 0.05}, {1: 0.1}, {1: 0.15}), T0, T0 + 5)
+    assert w.suspects == ()
+    # every rank in one throttled cgroup: a common limit, nobody stands out
+    w = straggler.window_verdict(_job(), _cpu(4, {}, {r: 0.5 for r in range(4)}, {r: 0.5 for r in range(4)}), T0, T0 + 5)
+    assert w.suspects == ()
+
+
+def test_throttle_measure_confirmed_over_windows_is_a_straggler_with_its_cause():
+    hist = []
+    for k in range(straggler.CONFIRM):
+        obs = [o for o in _cpu(4, {1: 0.1}, {1: 0.6}, {1: 0.6}, quota=0.1)]
+        obs = [type(o)(**{**o.__dict__, "time": o.time + 5 * k}) for o in obs]
+        hist.append(straggler.window_verdict(_job(), obs, T0 + 5 * k, T0 + 5 * (k + 1)))
+    inc = straggler.confirm(_job(), hist)
+    assert inc is not None and inc.ranks == (1,) and "cause: starved of CPU (throttled)" in inc.summary
+    assert any(e.data.get("cause") == "throttled" for e in inc.evidence)

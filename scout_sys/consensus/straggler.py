@@ -8,6 +8,14 @@ Two measures per rank and per window, the first available wins:
   one (schedstat: on-CPU + run-queue time, which includes CPU-quota throttling). Peers of a
   straggler sleep in the collective waiting for it; the straggler waits least.
 
+- ``throttle`` (procfs, cgroup ``cpu.stat``): the share of the window its CPU cgroup's quota held it
+  throttled. Used when the measures above name nobody (an eBPF lag hidden by slack): a rank throttled
+  while its peers are not, and busier than they are, is the one they wait for.
+
+Each suspect gets a **cause** (:func:`cause`): starved of CPU (throttled by its cgroup's quota, or
+contended: its main thread waits in the run queue), input pipeline (its stacks sit in a data loader),
+compute (its main thread runs more than its peers', which wait in the collective), else communication.
+
 A rank is an outlier in a window when its measure exceeds the peers' median by more than
 ``max(K_MAD * 1.4826 * MAD, floor)``; C3 then needs a strict majority of non-outliers. A straggler
 incident needs the same rank(s) in ``CONFIRM`` consecutive windows, so one slow step (a checkpoint,
@@ -20,13 +28,14 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scout_sys.consensus import c3
 from scout_sys.consensus.peers import work_groups
 from scout_sys.model import (
     ATTRIBUTED,
+    INCONCLUSIVE,
     STRAGGLER,
     CollectiveSample,
     Evidence,
@@ -48,6 +57,9 @@ MIN_COMMON_COLLECTIVES = 3
 # arriving late only takes time they would have slept anyway (a job paced by its input, or by
 # sleeping), so it slows nothing and is not called a straggler.
 SLACK_MAX = 0.20
+THROTTLE_FLOOR = 0.10  # share of the window throttled beyond the peers' median
+CONTENDED_MIN = 0.20  # run-queue share of the window that calls a rank contended (and twice its peers')
+INPUT_FRAMES = ("dataloader", "_next_data", "collate", "load_next_batch", "read_batch")
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,36 @@ class WindowVerdict:
     period: float | None = None  # eBPF: median time between collectives
     slack: float | None = None  # peers' idle share outside collectives (lag metric, with procfs data)
     periods: dict[int, float] = field(default_factory=dict, hash=False, compare=False)  # per rank
+    causes: dict[int, Cause] = field(default_factory=dict, hash=False, compare=False)  # per suspect
+
+
+@dataclass(frozen=True)
+class Cause:
+    """Why a straggler is slow: ``kind`` is throttled | contended | input | compute | communication."""
+
+    kind: str
+    text: str
+    data: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def label(self) -> str:
+        return {"throttled": "starved of CPU (throttled)", "contended": "starved of CPU (contended)",
+                "input": "input pipeline"}.get(self.kind, self.kind)
+
+
+@dataclass(frozen=True)
+class CpuShare:
+    """One rank's window from procfs: shares of the window on a CPU, waiting for one (run queue,
+    including quota throttling), and its cgroup's throttled share with the raw counters."""
+
+    on_cpu: float
+    run_queue: float
+    throttled: float | None = None
+    nr_throttled: int | None = None
+    nr_periods: int | None = None
+    throttled_s: float | None = None
+    seconds: float = 0.0
+    quota: float | None = None
 
 
 def periods(obs: Sequence[Observation], start: float, end: float) -> dict[int, float]:
@@ -105,6 +147,80 @@ def _lags(obs: Sequence[Observation], ranks: Sequence[int], start: float, end: f
     gaps = [b - a for a, b in zip(firsts, firsts[1:], strict=False) if b > a]
     period = statistics.median(gaps) if gaps else None
     return {r: statistics.median(v) for r, v in per_rank.items()}, period
+
+
+def shares(obs: Sequence[Observation], ranks: Sequence[int]) -> dict[int, CpuShare]:
+    """Per rank, its :class:`CpuShare` between its first and last /proc sample of ``obs``."""
+    by_rank: dict[int, list[ProcSample]] = {}
+    for o in obs:
+        if isinstance(o, ProcSample) and o.rank in ranks and o.alive and o.main_cpu_ns is not None:
+            by_rank.setdefault(o.rank, []).append(o)
+    out = {}
+    for r, ps in by_rank.items():
+        ps.sort(key=lambda p: p.time)
+        a, b = ps[0], ps[-1]
+        dt = b.time - a.time
+        if dt <= 0 or a.main_cpu_ns is None or b.main_cpu_ns is None:
+            continue
+        run = ((b.main_delay_ns or 0) - (a.main_delay_ns or 0)) / 1e9 / dt
+        thr = nr = per = secs = None
+        if a.cg_throttled_ns is not None and b.cg_throttled_ns is not None and b.cg_throttled_ns >= a.cg_throttled_ns:
+            secs = (b.cg_throttled_ns - a.cg_throttled_ns) / 1e9
+            thr = min(1.0, secs / dt)
+            if a.cg_throttled is not None and b.cg_throttled is not None:
+                nr = b.cg_throttled - a.cg_throttled
+            if a.cg_periods is not None and b.cg_periods is not None:
+                per = b.cg_periods - a.cg_periods
+        out[r] = CpuShare(max(0.0, (b.main_cpu_ns - a.main_cpu_ns) / 1e9 / dt), max(0.0, run), thr, nr, per, secs,
+                          dt, b.cg_quota)
+    return out
+
+
+def cause(shares_: Mapping[int, CpuShare], rank: int, obs: Sequence[Observation] = ()) -> Cause:
+    """Why ``rank`` is slow, from its CPU shares against its peers' (and its stacks)."""
+    me = shares_.get(rank)
+    peers = [s for r, s in shares_.items() if r != rank]
+    if me is None or not peers:
+        return Cause("communication", "no CPU accounting to tell compute from waiting")
+    p_thr = statistics.median(s.throttled or 0.0 for s in peers)
+    p_run = statistics.median(s.run_queue for s in peers)
+    p_cpu = statistics.median(s.on_cpu for s in peers)
+    data: dict[str, Any] = {"on_cpu": round(me.on_cpu, 3), "run_queue": round(me.run_queue, 3),
+                            "peers_on_cpu": round(p_cpu, 3), "peers_run_queue": round(p_run, 3)}
+    if me.throttled is not None and me.throttled - p_thr > THROTTLE_FLOOR and (me.nr_throttled or 0) > 0:
+        data.update(throttled_s=round(me.throttled_s or 0.0, 3), seconds=round(me.seconds, 3),
+                    nr_throttled=me.nr_throttled, nr_periods=me.nr_periods, quota_cpus=me.quota,
+                    peers_throttled=round(p_thr, 3))
+        quota = f" of {me.quota:.2f} CPU" if me.quota else ""
+        return Cause("throttled", f"its cgroup's CPU quota{quota} throttled it in {me.nr_throttled} of "
+                     f"{me.nr_periods} periods, {me.throttled_s:.2f} s of {me.seconds:.2f} s "
+                     f"({100 * me.throttled:.0f}%; peers {100 * p_thr:.0f}%)", data)
+    if me.run_queue >= CONTENDED_MIN and me.run_queue > 2 * p_run:
+        return Cause("contended", f"its main thread waited for a CPU {100 * me.run_queue:.0f}% of the time "
+                     f"(run queue; peers {100 * p_run:.0f}%), on a CPU {100 * me.on_cpu:.0f}%", data)
+    frames = _input_share(obs, rank)
+    if frames > 0.5:
+        data["input_samples"] = round(frames, 2)
+        return Cause("input", f"its stacks sit in its input pipeline (data loading) in {100 * frames:.0f}% "
+                     "of the samples", data)
+    if me.on_cpu > p_cpu + BUSY_FLOOR / 2:
+        return Cause("compute", f"its main thread runs {100 * me.on_cpu:.0f}% of the time while its peers run "
+                     f"{100 * p_cpu:.0f}% and wait in the collective", data)
+    return Cause("communication", f"it neither computes more (on a CPU {100 * me.on_cpu:.0f}%, peers "
+                 f"{100 * p_cpu:.0f}%) nor waits for a CPU: it is slow to exchange data", data)
+
+
+def _input_share(obs: Sequence[Observation], rank: int) -> float:
+    hits = n = 0
+    for o in obs:
+        if isinstance(o, StackSample) and o.rank == rank and not o.native and o.error is None:
+            main = o.main()
+            if main is None or not main.frames:
+                continue
+            n += 1
+            names = " ".join(f"{getattr(f, 'function', '')} {getattr(f, 'file', '')}".lower() for f in main.frames)
+            hits += any(k in names for k in INPUT_FRAMES) or "torch/utils/data" in names
+    return hits / n if n else 0.0
 
 
 def _busy(obs: Sequence[Observation], ranks: Sequence[int]) -> dict[int, float]:
@@ -149,7 +265,7 @@ def window_verdict(job: Job, obs: Sequence[Observation], start: float, end: floa
     values = {r: v for w in same for r, v in w.values.items()}
     suspects = tuple(sorted(r for w in same for r in w.suspects))
     return WindowVerdict(start, end, lead.metric, values, suspects, lead.median, lead.threshold, lead.period,
-                         lead.slack, lead.periods)
+                         lead.slack, lead.periods, {r: c for w in same for r, c in w.causes.items()})
 
 
 def _group_verdict(job: Job, group: Sequence[int], obs: Sequence[Observation], start: float,
@@ -157,6 +273,37 @@ def _group_verdict(job: Job, group: Sequence[int], obs: Sequence[Observation], s
     live = [r for r in group if r in job.by_rank()]
     if len(live) < 3:
         return WindowVerdict(start, end, "")  # two ranks cannot outvote each other
+    w = _primary(live, obs, start, end)
+    cpu = shares(obs, live)
+    if not w.suspects and len(cpu) == len(live):
+        t = _throttle_verdict(cpu, live, start, end)
+        if t is not None:
+            w = replace(t, periods=periods(obs, start, end))
+    if w.suspects and len(cpu) == len(live):
+        w = replace(w, causes={r: cause(cpu, r, obs) for r in w.suspects})
+    return w
+
+
+def _throttle_verdict(cpu: Mapping[int, CpuShare], live: Sequence[int], start: float, end: float
+                      ) -> WindowVerdict | None:
+    """The ranks throttled by their cgroup while their peers are not, and busier than them (waiting
+    for a CPU counts): the ones the peers wait for, when the other measures name nobody."""
+    thr = {r: cpu[r].throttled for r in live}
+    if any(v is None for v in thr.values()):
+        return None
+    values = {r: float(v or 0.0) for r, v in thr.items()}
+    sus, med, threshold = _outliers(values, THROTTLE_FLOOR)
+    busy = {r: cpu[r].on_cpu + cpu[r].run_queue for r in live}
+    peers = [r for r in live if r not in sus]
+    if not sus or not peers:
+        return None
+    p_busy = statistics.median(busy[r] for r in peers)
+    if not all(busy[r] > p_busy + BUSY_FLOOR for r in sus):
+        return None
+    return WindowVerdict(start, end, "throttle", values, sus, med, threshold)
+
+
+def _primary(live: Sequence[int], obs: Sequence[Observation], start: float, end: float) -> WindowVerdict:
     lags, period = _lags(obs, live, start, end)
     busy = _busy(obs, live)
     if lags:
@@ -169,7 +316,13 @@ def _group_verdict(job: Job, group: Sequence[int], obs: Sequence[Observation], s
             slack = 1.0 - statistics.median(busy[r] for r in peers) - wait
             if slack > SLACK_MAX:
                 sus = ()
-        return WindowVerdict(start, end, "lag", lags, sus, med, thr, period, slack, periods(obs, start, end))
+        lagv = WindowVerdict(start, end, "lag", lags, sus, med, thr, period, slack, periods(obs, start, end))
+        if sus or len(busy) != len(live):
+            return lagv
+        b_sus, b_med, b_thr = _outliers(busy, BUSY_FLOOR)
+        # eBPF may miss the arrivals (a collective it does not see): the busy share still names one
+        return (WindowVerdict(start, end, "busy", busy, b_sus, b_med, b_thr, None, None, periods(obs, start, end))
+                if b_sus else lagv)
     if len(busy) == len(live):
         sus, med, thr = _outliers(busy, BUSY_FLOOR)
         return WindowVerdict(start, end, "busy", busy, sus, med, thr, None, None, periods(obs, start, end))
@@ -190,7 +343,7 @@ def confirm(job: Job, history: Sequence[WindowVerdict], k: int = CONFIRM) -> Inc
     w = last[-1]
     peers = [r for r in w.values if r not in common]
     src = "ebpf" if w.metric == "lag" else "procfs"
-    ev = []
+    ev: list[Evidence] = []
     for r in ranks:
         vals = [round(x.values.get(r, 0.0), 4) for x in last]
         ev.append(Evidence(src, _rank_text(w, r), rank=r,
@@ -199,6 +352,7 @@ def confirm(job: Job, history: Sequence[WindowVerdict], k: int = CONFIRM) -> Inc
     ev.append(Evidence(src,
                        f"{len(peers)} peers: median {_fmt(w.metric, w.median)}",
                        data={"per_rank": {str(r): round(v, 4) for r, v in sorted(w.values.items())}}))
+    ev += _cause_evidence(w, ranks)
     ev += _compared(job, ranks, w)
     return Incident(
         kind=STRAGGLER,
@@ -206,9 +360,21 @@ def confirm(job: Job, history: Sequence[WindowVerdict], k: int = CONFIRM) -> Inc
         ranks=ranks,
         hosts=tuple(sorted({job.host_of(r) for r in ranks})),
         since=last[0].start,
-        summary=_summary(w, ranks, k),
+        summary=_summary(w, ranks, k) + _cause_suffix(w, ranks),
         evidence=tuple(ev),
     )
+
+
+def _cause_evidence(w: WindowVerdict, ranks: Sequence[int]) -> list[Evidence]:
+    return [Evidence("procfs", f"cause: {c.label}: rank {r}: {c.text}", rank=r, data={"cause": c.kind, **c.data})
+            for r in ranks if (c := w.causes.get(r)) is not None]
+
+
+def _cause_suffix(w: WindowVerdict, ranks: Sequence[int]) -> str:
+    cs = [w.causes[r] for r in ranks if r in w.causes]
+    if not cs:
+        return ""
+    return f"; cause: {cs[0].label}: {cs[0].text}"
 
 
 def _compared(job: Job, ranks: Sequence[int], w: WindowVerdict) -> list[Evidence]:
@@ -224,6 +390,8 @@ def _compared(job: Job, ranks: Sequence[int], w: WindowVerdict) -> list[Evidence
 
 
 def _fmt(metric: str, v: float) -> str:
+    if metric == "throttle":
+        return f"{v * 100:.0f}% throttled"
     return f"{v * 1000:.0f} ms late" if metric == "lag" else f"{v * 100:.0f}% busy"
 
 
@@ -231,6 +399,9 @@ def _rank_text(w: WindowVerdict, r: int) -> str:
     v = w.values.get(r, 0.0)
     if w.metric == "lag":
         return f"rank {r} enters collectives {v * 1000:.0f} ms after the first rank (peers: {w.median * 1000:.0f} ms)"
+    if w.metric == "throttle":
+        return (f"rank {r}'s CPU cgroup was throttled {v * 100:.0f}% of the time; its peers' "
+                f"{w.median * 100:.0f}% (and it was busier than they were)")
     return (f"rank {r}'s main thread is on or waiting for a CPU {v * 100:.0f}% of the time; "
             f"its peers {w.median * 100:.0f}% (they sleep waiting for it)")
 
@@ -244,6 +415,9 @@ def _summary(w: WindowVerdict, ranks: tuple[int, ...], k: int) -> str:
                 f"about {100 * slow:.0f}% of a {w.period * 1000:.0f} ms step, in {k} windows in a row")
     if w.metric == "lag":
         return f"{who} is a straggler: it enters collectives {(worst - w.median) * 1000:.0f} ms after its peers"
+    if w.metric == "throttle":
+        return (f"{who} is a straggler: its CPU quota throttled it {worst * 100:.0f}% of the time while its "
+                f"peers were throttled {w.median * 100:.0f}%, in {k} windows in a row")
     return (f"{who} is a straggler: busy {worst * 100:.0f}% of the time while its peers are busy "
             f"{w.median * 100:.0f}% and wait for it the rest, in {k} windows in a row")
 
@@ -306,7 +480,8 @@ def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any]
 def _moving(a: Any) -> bool:
     """Progressing: its stack moves, or it is found in collectives each time but exchanged data over the
     window (a hung Gloo peer writes nothing while it waits)."""
-    return a is not None and (a.state == "running" or (a.state == "waiting" and a.wrote > 0))
+    # (DDP's peers wait inside backward, found at one place each sample: they exchanged data each step)
+    return a is not None and (a.state == "running" or (a.state in ("waiting", "idle") and a.wrote > 0))
 
 
 def _writes_alone(a: Any, peers: Sequence[Any]) -> bool:
@@ -318,36 +493,91 @@ def _writes_alone(a: Any, peers: Sequence[Any]) -> bool:
     return a.wrote >= WRITE_PROGRESS_BYTES and (not theirs or a.wrote > 2 * statistics.median(theirs))
 
 
+def measures(job: Job, obs: Sequence[Observation], start: float, end: float
+             ) -> tuple[dict[int, list[WindowVerdict]], dict[int, Cause]]:
+    """Every continuous measure of one window, each on its own: per rank, the verdicts (lag, busy,
+    throttle) that name it an outlier among the ranks doing the same work; and each such rank's cause."""
+    named: dict[int, list[WindowVerdict]] = {}
+    causes: dict[int, Cause] = {}
+    for g in work_groups(job):
+        live = [r for r in g if r in job.by_rank()]
+        if len(live) < 3:
+            continue
+        cpu = shares(obs, live)
+        found: list[WindowVerdict] = []
+        lags, period = _lags(obs, live, start, end)
+        busy = _busy(obs, live)
+        if lags:
+            lag = _primary(live, obs, start, end)
+            if lag.metric == "lag":
+                found.append(lag)
+        if len(busy) == len(live):
+            sus, med, thr = _outliers(busy, BUSY_FLOOR)
+            found.append(WindowVerdict(start, end, "busy", busy, sus, med, thr))
+        if len(cpu) == len(live):
+            t = _throttle_verdict(cpu, live, start, end)
+            if t is not None:
+                found.append(t)
+        for w in found:
+            for r in w.suspects:
+                named.setdefault(r, []).append(w)
+                if r not in causes and len(cpu) == len(live):
+                    causes[r] = cause(cpu, r, obs)
+    return named, causes
+
+
 def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], window: tuple[float, float]
               ) -> tuple[list[Incident], list[str]]:
-    """``diagnose``'s straggler: attributed when two measures agree over the window — the window's
-    outlier by the watch's measure (collective arrival lag with eBPF, else the main thread's busy
-    share from schedstat, both continuous) and the stack samples (it never waited while the majority
-    did). One of them alone is a note. Returns (incidents, notes)."""
+    """``diagnose``'s straggler, from one window: attributed when two measures agree — the stack samples
+    (it never waited while the majority did), the collective arrival lag (eBPF), the main thread's busy
+    share (schedstat: on a CPU or waiting for one) and the cgroup's throttled share (cpu.stat), each an
+    outlier among the ranks doing the same work by the same robust vote. One continuous measure alone
+    gives an inconclusive straggler; the stack samples alone, the weakest, a note. The verdict says the cause. Returns (incidents, notes)."""
     seen = never_waiting(job, obs, acts)
-    w = window_verdict(job, obs, window[0], window[1])
+    named, causes = measures(job, obs, window[0], window[1])
     out: list[Incident] = []
     notes: list[str] = []
-    for r in sorted(set(w.suspects) | set(seen)):
-        stack_text = None
+    for r in sorted(set(named) | set(seen)):
+        ev: list[Evidence] = []
         if r in seen:
             waited, k, where, own = seen[r]
-            stack_text = (f"rank {r} was {'never found waiting' if not own else f'found waiting in only {own} of {k} samples'}"
-                          " while a strict majority of its peers waited "
-                          f"{where} in {waited} of {k} stack samples")
-        measure = _rank_text(w, r) if r in w.suspects else None
-        if stack_text and measure:
-            src = "ebpf" if w.metric == "lag" else "procfs"
-            out.append(Incident(
-                kind=STRAGGLER, status=ATTRIBUTED, ranks=(r,), hosts=(job.host_of(r),), since=window[0],
-                summary=f"rank {r} is a straggler: its peers wait for it ({_fmt(w.metric, w.values.get(r, 0.0))}; "
-                        f"peers {_fmt(w.metric, w.median)}) and it {'never' if not seen[r][3] else 'seldom'} waits",
-                evidence=(Evidence("stack", stack_text, rank=r, data={"samples": seen[r][1],
-                                                                      "majority_waiting": seen[r][0]}),
-                          Evidence(src, measure, rank=r, data={"metric": w.metric, "value": round(w.values[r], 4),
-                                                               "peer_median": round(w.median, 4),
-                                                               "threshold": round(w.threshold, 4)}),
-                          *_compared(job, (r,), w))))
+            ev.append(Evidence("stack", f"rank {r} was "
+                               f"{'never found waiting' if not own else f'found waiting in only {own} of {k} samples'}"
+                               f" while a strict majority of its peers waited {where} in {waited} of {k} stack samples",
+                               rank=r, data={"samples": k, "majority_waiting": waited}))
+        ws = named.get(r, [])
+        for w in ws:
+            ev.append(Evidence("ebpf" if w.metric == "lag" else "procfs", _rank_text(w, r), rank=r,
+                               data={"metric": w.metric, "value": round(w.values[r], 4),
+                                     "peer_median": round(w.median, 4), "threshold": round(w.threshold, 4)}))
+        c = causes.get(r)
+        if c is not None:
+            ev.append(Evidence("procfs", f"cause: {c.label}: {c.text}", rank=r, data={"cause": c.kind, **c.data}))
+        w0 = ws[0] if ws else None
+        ev += _compared(job, (r,), w0) if w0 is not None else []
+        n = len(ws) + (r in seen)
+        how = (f"{_fmt(w0.metric, w0.values.get(r, 0.0))}; peers {_fmt(w0.metric, w0.median)}" if w0 is not None
+               else "its peers wait for it")
+        because = f"; cause: {c.label}" if c is not None else ""
+        a = acts.get(r)
+        if ws and a is not None and _writes_alone(a, [acts.get(p) for p in acts if p != r]):
+            notes.append(f"rank {r} is busier than its peers while it writes alone (a checkpoint): a pause, "
+                         "not a straggler")
+            continue
+        if not ws:
+            # the stack samples alone are the weakest measure (a healthy rank that logs or reads its
+            # next batch at each sample looks the same): a note, as before
+            notes.append(f"possible straggler (stack samples only, not enough to name it): {ev[0].text}")
+            continue
+        if n >= 2:
+            waits = f" and it {'never' if not seen[r][3] else 'seldom'} waits" if r in seen else ""
+            summary = f"rank {r} is a straggler: its peers wait for it ({how}){waits}{because}"
+            status = ATTRIBUTED
         else:
-            notes.append(f"possible straggler (one measure only, not enough to name it): {stack_text or measure}")
+            summary = (f"rank {r} may be a straggler ({how}{because}), by one measure only "
+                       f"({'stack samples' if r in seen else w0.metric if w0 else ''}): not enough to name it")
+            status = INCONCLUSIVE
+        # an inconclusive incident names no origin (its ranks are empty); the suspect is in the summary
+        out.append(Incident(kind=STRAGGLER, status=status, ranks=(r,) if status == ATTRIBUTED else (),
+                            hosts=(job.host_of(r),), since=window[0], summary=summary, evidence=tuple(ev)))
     return out, notes

@@ -7,7 +7,9 @@ Cheap (a few file reads per rank) and never touches the job. Besides psutil it r
   do; a straggler's main thread is busy or waiting for a CPU while its peers sleep);
 - ``/proc/PID/task/PID/sched``: ``se.exec_start``, when the main thread last ran (hang onset), in
   the task clock of the CPU it ran on (``/proc/PID/task/PID/stat`` field 39): see :class:`SchedClocks`;
-- ``/proc/PID/stat`` field 52: the exit status of a zombie.
+- ``/proc/PID/stat`` field 52: the exit status of a zombie;
+- the CPU cgroup's ``cpu.stat`` (``/proc/PID/cgroup`` gives its path): how often and how long a
+  CPU quota throttled it (:func:`cgroup_throttling`; a rank starved by its container's limit).
 """
 
 from __future__ import annotations
@@ -40,6 +42,58 @@ def main_thread_schedstat(pid: int, proc: str = PROC) -> tuple[int | None, int |
         return int(f[0]), int(f[1])
     except (ValueError, IndexError):
         return None, None
+
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def _cpu_stat(raw: str | None) -> dict[str, int]:
+    out = {}
+    for line in (raw or "").splitlines():
+        k, _, v = line.partition(" ")
+        try:
+            out[k] = int(v)
+        except ValueError:
+            continue
+    return out
+
+
+def cgroup_throttling(pid: int, proc: str = PROC, root: str = CGROUP_ROOT
+                      ) -> tuple[int | None, int | None, int | None, float | None]:
+    """(nr_periods, nr_throttled, throttled ns, quota in CPUs) of the CPU cgroup ``pid`` is in.
+
+    Cgroup v1: the hierarchy with the ``cpu`` controller (``/sys/fs/cgroup/cpu/<path>/cpu.stat``:
+    ``throttled_time`` in ns; quota ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``). Cgroup v2: the
+    ``0::<path>`` line, under the root (pure v2) or ``unified/`` (hybrid) (``throttled_usec``; quota
+    ``cpu.max``). Nones when the files are not there (no CPU controller, no quota ever set)."""
+    lines = [ln.split(":", 2) for ln in (_read(f"{proc}/{pid}/cgroup") or "").splitlines()]
+    v1 = next((p for p in lines if len(p) == 3 and "cpu" in p[1].split(",")), None)
+    if v1 is not None:
+        for mount in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+            d = f"{root}/{mount}{v1[2].rstrip('/')}"
+            st = _cpu_stat(_read(f"{d}/cpu.stat"))
+            if "nr_periods" in st:
+                quota, period = _int(_read(f"{d}/cpu.cfs_quota_us")), _int(_read(f"{d}/cpu.cfs_period_us"))
+                q = quota / period if quota is not None and quota > 0 and period else None
+                return st.get("nr_periods"), st.get("nr_throttled"), st.get("throttled_time"), q
+    v2 = next((p for p in lines if len(p) == 3 and p[0] == "0" and p[1] == ""), None)
+    if v2 is not None:
+        for base in (root, f"{root}/unified"):
+            d = f"{base}{v2[2].rstrip('/')}"
+            st = _cpu_stat(_read(f"{d}/cpu.stat"))
+            if "nr_periods" in st:
+                us = st.get("throttled_usec")
+                mx = (_read(f"{d}/cpu.max") or "").split()
+                q = int(mx[0]) / int(mx[1]) if len(mx) == 2 and mx[0].isdigit() and mx[1].isdigit() else None
+                return st.get("nr_periods"), st.get("nr_throttled"), None if us is None else us * 1000, q
+    return None, None, None, None
+
+
+def _int(raw: str | None) -> int | None:
+    try:
+        return int((raw or "").strip())
+    except ValueError:
+        return None
 
 
 def _exec_start_ms(raw: str | None) -> float | None:
@@ -148,8 +202,9 @@ def zombie_exit(pid: int, proc: str = PROC) -> tuple[int | None, int | None]:
 class ProcfsProbe:
     name = "procfs"
 
-    def __init__(self, proc: str = PROC) -> None:
+    def __init__(self, proc: str = PROC, cgroup_root: str = CGROUP_ROOT) -> None:
         self.proc = proc
+        self.cgroup_root = cgroup_root
         self.clocks = SchedClocks(proc)
         self._procs: dict[int, tuple[int, psutil.Process | None, float]] = {}  # rank -> (pid, p, ctime)
 
@@ -200,6 +255,7 @@ class ProcfsProbe:
             return ProcSample(time=now, rank=rank, pid=pid, status="unknown")
         main_cpu, main_delay = main_thread_schedstat(pid, self.proc)
         wchan = (_read(f"{self.proc}/{pid}/wchan") or "").strip()
+        periods, throttled, throttled_ns, quota = cgroup_throttling(pid, self.proc, self.cgroup_root)
         return ProcSample(
             time=now,
             rank=rank,
@@ -210,6 +266,10 @@ class ProcfsProbe:
             main_cpu_ns=main_cpu,
             main_delay_ns=main_delay,
             main_last_ran=main_thread_last_ran(pid, self.clocks, self.proc),
+            cg_periods=periods,
+            cg_throttled=throttled,
+            cg_throttled_ns=throttled_ns,
+            cg_quota=quota,
             ctx_switches=ctx.voluntary + ctx.involuntary,
             num_threads=nthreads,
             wchan=None if wchan in ("", "0") else wchan,
