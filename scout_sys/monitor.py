@@ -20,6 +20,7 @@ from scout_sys.model import (
     ATTRIBUTED,
     DESYNC,
     HANG,
+    INCONCLUSIVE,
     PROCESS_EXIT,
     PROCESS_STALL,
     Diagnosis,
@@ -190,7 +191,8 @@ class Monitor:
         slow, slow_notes = ([], []) if incidents else straggler.in_window(job, obs, acts, window)
         # The exit probe's deaths before desync: a dead rank is "behind" in every sequence, which
         # corroborates its process_exit even when every rank has died by now and the stack rules are silent.
-        incidents = merge_findings(incidents, lifecycle.analyze(self.job, obs), desync.analyze(self.job, obs),
+        incidents = merge_findings(incidents, lifecycle.analyze(self.job, obs),
+                                   _not_progressing(desync.analyze(self.job, obs), acts),
                                    hardware.analyze(self.job, obs), slow)
         notes += slow_notes
         return Diagnosis(
@@ -233,9 +235,56 @@ class Monitor:
         obs = self.collect(window)
         _check_stack_permission(obs)
         d = self.decide(obs, (t0, self.clock()))
+        if not d.incidents and (short := too_short(self.job, obs, (t0, d.time))) is not None:
+            d = replace(d, incidents=(short,))
         if native and d.incidents:
             d = replace(d, incidents=self.native_evidence(d.incidents))
         return d
+
+
+STILL_SLACK = 0.1  # seconds: a main thread that last ran this soon after the window began did not run in it
+
+
+def too_short(job: Job, obs: Sequence[Observation], window: tuple[float, float]) -> Incident | None:
+    """``diagnose``'s window showed no progress at all: every rank stayed at one place (asleep or
+    waiting with its main thread not run since the window began, or spinning), and no collective
+    began or ended (eBPF). A step longer than the window looks just like a hang then: an inconclusive
+    hang that says so (exit status 1), never "healthy". A healthy job whose steps are shorter than
+    the window always shows one of them moving."""
+    acts = hang.activities(job, obs)
+    if not acts or len(acts) < len(job.ranks):
+        return None
+
+    def still(a: hang.Activity) -> bool:
+        if a.state == "busy":
+            return True
+        return a.state in ("waiting", "idle") and (a.last_ran is None or a.last_ran <= window[0] + STILL_SLACK)
+
+    if not all(still(a) for a in acts.values()):
+        return None
+    if any(t >= window[0] for t in desync.last_progress(obs).values()):
+        return None
+    seconds = window[1] - window[0]
+    ev = [Evidence("stack", f"rank {a.rank} {a.state} at {a.where or '?'} for the whole window", rank=a.rank,
+                   data={"state": a.state, "stack": list(a.stack)}) for a in acts.values()]
+    return Incident(
+        kind=HANG, status=INCONCLUSIVE, ranks=(), hosts=tuple(sorted({job.host_of(r) for r in acts})),
+        since=window[0],
+        summary=(f"no rank made progress during the {seconds:.1f} s window: the window was too short to tell a "
+                 f"step longer than {seconds:.1f} s from a hang; diagnose again with a longer --window, "
+                 "or watch the job"),
+        evidence=tuple(ev))
+
+
+def _not_progressing(found: Sequence[Incident], acts: dict) -> list[Incident]:
+    """Desync findings without those that blame ranks *behind* in the sequence while their stacks
+    move over the window (state ``running``): the rank everyone waits for at a barrier while it
+    writes a checkpoint is behind, and progressing: a pause, as the hang rules say, never a desync.
+    A different fingerprint at the same position ("differs") always stays."""
+    def pause(inc: Incident) -> bool:
+        return (inc.kind == DESYNC and bool(inc.ranks) and not any("(differs)" in e.text for e in inc.evidence)
+                and all(r in acts and acts[r].state == "running" for r in inc.ranks))
+    return [i for i in found if not pause(i)]
 
 
 def detach_in_child(probes: Sequence[object]) -> bool:
