@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from scout_sys.model import HANG, INCONCLUSIVE, Evidence, Incident
+from scout_sys.model import DESYNC, HANG, INCONCLUSIVE, Evidence, Incident
 
 MIN_STALL_AFTER = 1.5  # the floor of the adaptive stall-after (seconds)
 MAX_STALL_AFTER = 600.0
@@ -207,4 +207,4 @@ def with_trigger(findings: Sequence[Incident], d: Decision, stall_after: float) 
             f"(signal: {d.signal}; stall-after {limit:.1f} s)")
     trigger = Evidence("procfs" if d.signal not in ("collectives", DESYNC_SIGNAL) else "ebpf", text,
                        data={"trigger": d.signal, "stall": round(d.stall, 3), "stall_after": round(limit, 3)})
-    return [replace(f, evidence=f.evidence + (trigger,)) if f.kind == HANG else f for f in findings]
+    return [replace(f, evidence=f.evidence + (trigger,)) if f.kind in (HANG, DESYNC) else f for f in findings]
