@@ -36,6 +36,7 @@ from scout_sys.probes.pystack import StackDumper
 
 STARTING = "starting"
 CLOSE_TIMEOUT = 1.0  # seconds close() waits for a probe still compiling; it detaches itself after
+BACKGROUND_JOIN = 0.1  # the same for close(background=True): someone waits for the prompt
 
 
 
@@ -53,6 +54,7 @@ class Monitor:
         self._lock = threading.Lock()
         self._bg: threading.Thread | None = None
         self._closing = False
+        self._background = False
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -74,16 +76,28 @@ class Monitor:
             if reason is None:
                 p.start(self.job)
                 with self._lock:
-                    if self._closing:  # closed while this one compiled: detach it at once
-                        p.close()
-                        return
-                    self._started.append(p)
+                    closing = self._closing
+                    if not closing:
+                        self._started.append(p)
+                if closing:  # closed while this one compiled: detach it, never under the lock close() needs
+                    self._late_close(p)
+                    return
         except ProbeUnavailable as e:
             reason = str(e)
         except Exception as e:  # noqa: BLE001 - a failing probe is reported, never fatal
             reason = f"failed to start: {e}"
         with self._lock:
             self.probe_status[name] = reason
+
+    def _late_close(self, p: object) -> None:
+        """A probe that finished starting after close(): detached in a short-lived child when close
+        asked for that (its uprobes' unregistration takes seconds), else here, in the probe thread."""
+        if self._background and hasattr(p, "handoff") and detach_in_child([p]):
+            return
+        try:
+            p.close()  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001, S110 - detaching is best effort; our exit closes the rest
+            pass
 
     def wait_started(self, timeout: float | None = None) -> None:
         if self._bg is not None:
@@ -104,8 +118,10 @@ class Monitor:
         this process exits at once (the probes stay attached those few seconds longer)."""
         with self._lock:
             self._closing = True
+            self._background = background
         if self._bg is not None:
-            self._bg.join(timeout)
+            # a person waits (background): a probe still compiling detaches itself in a child when done
+            self._bg.join(min(timeout, BACKGROUND_JOIN) if background else timeout)
             self._bg = None
         with self._lock:
             started, self._started = self._started, []

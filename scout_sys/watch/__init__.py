@@ -162,7 +162,7 @@ class Watcher:
         if self.monitor is not None:
             self.monitor.close(background=background)
             self.monitor = None
-        self.early.close()
+        self.early.close(background=background)
 
     def __enter__(self) -> Watcher:
         self.start()
