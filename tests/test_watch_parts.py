@@ -164,6 +164,22 @@ def test_progress_stack_still_at_one_place_is_the_spin_signal_without_ebpf():
     assert p.majority(range(4), 4, T0 + 8) == (8.0, STACK)
 
 
+def test_progress_one_place_counts_while_the_main_thread_keeps_waking_not_across_long_sleeps():
+    # stacks seconds apart always at the same line: a loader napping 0.5 s at a time (stuck) has not
+    # progressed; a healthy rank sleeping 2 s of each step at one line is judged by its pause instead
+    p = Progress()
+    for i in range(17):  # polls every 0.5 s for 8 s; a stack sample every 2 s
+        t = T0 + 0.5 * i
+        naps = _proc(0, t, last_ran=t - 0.5 * (i % 2))  # woke just now, or half a second ago
+        steps = _proc(1, t, last_ran=T0 + 2.0 * (i // 4))  # runs once per 2 s step, then sleeps
+        p.observe([naps, steps], t)
+        if i % 4 == 0:
+            p.observe([_stack(0, t), _stack(1, t)], t)
+    assert p.stalled(0, T0 + 8) == (8.0, STACK)
+    stall, signal = p.stalled(1, T0 + 8)
+    assert signal == MAIN_THREAD and stall <= 2.0
+
+
 def test_progress_a_waiter_inside_a_collective_is_judged_by_its_main_thread():
     # a healthy Gloo job whose ranks wait for a slow peer: every sample shows the same all_reduce line,
     # but the main thread wakes up each step (a collective completed): that is progress
