@@ -57,6 +57,9 @@ def main() -> int:
                     help="the demo job's shape (scout_sys/demo/train.py --sync)")
     ap.add_argument("--step-time", type=float, default=0.05,
                     help="the demo job's paced step (0: CPU-bound, every cycle the watch takes is the job's)")
+    ap.add_argument("--settle", type=float, default=30.0,
+                    help="seconds between starting the watch and measuring: the probes' one-off compile (clang, "
+                         "about 20 s on a loaded 2-core machine) is not the steady cost")
     a = ap.parse_args()
     rates: dict[str, list[float]] = {"without": [], "with": []}
     cpu, rss = [], []
@@ -69,7 +72,7 @@ def main() -> int:
                    "--state-dir", state] + (["--no-ebpf"] if a.no_ebpf else [])
             w = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             p = psutil.Process(w.pid)
-            time.sleep(10)  # let the probes attach; their one-off compile is not the steady cost
+            time.sleep(a.settle)  # let the probes attach; their one-off compile is not the steady cost
             c0 = watch_cpu(p)
             t0 = time.time()
             rates["with"].append(rate(job, a.seconds))

@@ -37,6 +37,7 @@ from scout_sys.text import ranks_text
 
 STARTING = "starting"
 CLOSE_TIMEOUT = 1.0  # seconds close() waits for a probe still compiling; it detaches itself after
+BACKGROUND_JOIN = 0.1  # the same for close(background=True): someone waits for the prompt
 
 
 
@@ -54,6 +55,7 @@ class Monitor:
         self._lock = threading.Lock()
         self._bg: threading.Thread | None = None
         self._closing = False
+        self._background = False
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -75,16 +77,28 @@ class Monitor:
             if reason is None:
                 p.start(self.job)
                 with self._lock:
-                    if self._closing:  # closed while this one compiled: detach it at once
-                        p.close()
-                        return
-                    self._started.append(p)
+                    closing = self._closing
+                    if not closing:
+                        self._started.append(p)
+                if closing:  # closed while this one compiled: detach it, never under the lock close() needs
+                    self._late_close(p)
+                    return
         except ProbeUnavailable as e:
             reason = str(e)
         except Exception as e:  # noqa: BLE001 - a failing probe is reported, never fatal
             reason = f"failed to start: {e}"
         with self._lock:
             self.probe_status[name] = reason
+
+    def _late_close(self, p: object) -> None:
+        """A probe that finished starting after close(): detached in a short-lived child when close
+        asked for that (its uprobes' unregistration takes seconds), else here, in the probe thread."""
+        if self._background and hasattr(p, "handoff") and detach_in_child([p]):
+            return
+        try:
+            p.close()  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001, S110 - detaching is best effort; our exit closes the rest
+            pass
 
     def wait_started(self, timeout: float | None = None) -> None:
         if self._bg is not None:
@@ -105,8 +119,10 @@ class Monitor:
         this process exits at once (the probes stay attached those few seconds longer)."""
         with self._lock:
             self._closing = True
+            self._background = background
         if self._bg is not None:
-            self._bg.join(timeout)
+            # a person waits (background): a probe still compiling detaches itself in a child when done
+            self._bg.join(min(timeout, BACKGROUND_JOIN) if background else timeout)
             self._bg = None
         with self._lock:
             started, self._started = self._started, []
@@ -192,7 +208,8 @@ class Monitor:
         slow, slow_notes = ([], []) if incidents else straggler.in_window(job, obs, acts, window)
         # The exit probe's deaths before desync: a dead rank is "behind" in every sequence, which
         # corroborates its process_exit even when every rank has died by now and the stack rules are silent.
-        incidents = merge_findings(incidents, lifecycle.analyze(self.job, obs), desync.analyze(self.job, obs),
+        incidents = merge_findings(incidents, lifecycle.analyze(self.job, obs),
+                                   _not_progressing(desync.analyze(self.job, obs), acts),
                                    hardware.analyze(self.job, obs), slow)
         notes += slow_notes
         return Diagnosis(
@@ -235,9 +252,56 @@ class Monitor:
         obs = self.collect(window)
         _check_stack_permission(obs)
         d = self.decide(obs, (t0, self.clock()))
+        if not d.incidents and (short := too_short(self.job, obs, (t0, d.time))) is not None:
+            d = replace(d, incidents=(short,))
         if native and d.incidents:
             d = replace(d, incidents=self.native_evidence(d.incidents))
         return d
+
+
+STILL_SLACK = 0.1  # seconds: a main thread that last ran this soon after the window began did not run in it
+
+
+def too_short(job: Job, obs: Sequence[Observation], window: tuple[float, float]) -> Incident | None:
+    """``diagnose``'s window showed no progress at all: every rank stayed at one place (asleep or
+    waiting with its main thread not run since the window began, or spinning), and no collective
+    began or ended (eBPF). A step longer than the window looks just like a hang then: an inconclusive
+    hang that says so (exit status 1), never "healthy". A healthy job whose steps are shorter than
+    the window always shows one of them moving."""
+    acts = hang.activities(job, obs)
+    if not acts or len(acts) < len(job.ranks):
+        return None
+
+    def still(a: hang.Activity) -> bool:
+        if a.state == "busy":
+            return True
+        return a.state in ("waiting", "idle") and (a.last_ran is None or a.last_ran <= window[0] + STILL_SLACK)
+
+    if not all(still(a) for a in acts.values()):
+        return None
+    if any(t >= window[0] for t in desync.last_progress(obs).values()):
+        return None
+    seconds = window[1] - window[0]
+    ev = [Evidence("stack", f"rank {a.rank} {a.state} at {a.where or '?'} for the whole window", rank=a.rank,
+                   data={"state": a.state, "stack": list(a.stack)}) for a in acts.values()]
+    return Incident(
+        kind=HANG, status=INCONCLUSIVE, ranks=(), hosts=tuple(sorted({job.host_of(r) for r in acts})),
+        since=window[0],
+        summary=(f"no rank made progress during the {seconds:.1f} s window: the window was too short to tell a "
+                 f"step longer than {seconds:.1f} s from a hang; diagnose again with a longer --window, "
+                 "or watch the job"),
+        evidence=tuple(ev))
+
+
+def _not_progressing(found: Sequence[Incident], acts: dict) -> list[Incident]:
+    """Desync findings without those that blame ranks *behind* in the sequence while their stacks
+    move over the window (state ``running``): the rank everyone waits for at a barrier while it
+    writes a checkpoint is behind, and progressing: a pause, as the hang rules say, never a desync.
+    A different fingerprint at the same position ("differs") always stays."""
+    def pause(inc: Incident) -> bool:
+        return (inc.kind == DESYNC and bool(inc.ranks) and not any("(differs)" in e.text for e in inc.evidence)
+                and all(r in acts and acts[r].state == "running" for r in inc.ranks))
+    return [i for i in found if not pause(i)]
 
 
 def detach_in_child(probes: Sequence[object]) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 
 from scout_sys.model import Job, Rank
 from scout_sys.monitor import Monitor
@@ -53,4 +54,33 @@ def test_close_returns_while_a_probe_still_starts_and_the_probe_detaches_after()
     mon.close(timeout=0.1)  # returns although the probe's start has not: it would block for 60 s
     assert not probe.release.is_set() and not probe.closed.is_set()
     probe.release.set()  # compiling done: the start thread sees the monitor closed and detaches it
+    assert probe.closed.wait(60) and not probe.attached
+
+
+def test_a_probe_detaching_late_never_holds_the_monitor_lock_and_a_person_waits_briefly() -> None:
+    # `q` in the dashboard: close(background=True) waits a moment only; the probe that finishes
+    # compiling after it detaches (seconds, for uprobes) without holding the lock the monitor needs
+    me = Job(ranks=(Rank(rank=0, pid=os.getpid(), host=socket.gethostname()),), world_size=1,
+             launcher="explicit", launcher_pid=None, host=socket.gethostname())
+    probe = GatedProbe()
+    detaching, done = threading.Event(), threading.Event()
+
+    def slow_close() -> None:
+        detaching.set()
+        done.wait(60)
+        GatedProbe.close(probe)
+
+    probe.close = slow_close  # type: ignore[method-assign]
+    mon = Monitor(me, extra_probes=[probe])
+    mon.start()
+    assert probe.entered.wait(60)
+    t0 = time.monotonic()
+    mon.close(background=True)
+    assert time.monotonic() - t0 < 0.5
+    probe.release.set()
+    assert detaching.wait(60)  # the probe thread detaches it now...
+    t1 = time.monotonic()
+    assert not mon._on(probe)  # ...and the lock is free meanwhile
+    assert time.monotonic() - t1 < 0.5
+    done.set()
     assert probe.closed.wait(60) and not probe.attached

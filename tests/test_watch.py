@@ -206,6 +206,7 @@ def test_healthy_job_watched_for_a_minute_opens_nothing(start_job, watch_cli, tm
 
 @pytest.mark.serial  # load-sensitive: run alone (see tests/README.md)
 def test_periodic_checkpoint_pause_opens_no_incident(start_job, tmp_path):
+    # at the defaults (the floor suspects 1.5 s stretches: the windows must see the writer progress),
     # rank 0 writes a checkpoint for ~2.5 s every 40 steps while the others wait at a barrier
     job = start_job(4, args=["--checkpoint-every", "40", "--checkpoint-seconds", "2.5"])
     job.wait_steps(2)
@@ -221,6 +222,23 @@ def test_periodic_checkpoint_pause_opens_no_incident(start_job, tmp_path):
     assert [(e.event, e.incident.kind, e.incident.status, e.incident.summary) for e in evs
             if getattr(e, "incident", None) is not None] == []
     assert any(e.event == "checkpoint_written" for e in evs), evs
+
+
+@pytest.mark.serial  # timing: run alone (see tests/README.md)
+def test_at_the_defaults_a_hang_after_a_slow_start_up_is_named_within_10_s(start_job, watch_cli, tmp_path):
+    # every rank prepares its data for 6 s (asleep) before 20 ms steps; rank 2 hangs ~3 s into training.
+    # The old default learned the start-up and waited four times it; now the recent steady gap counts.
+    job = start_job(4, fault="hang", fault_rank=2, fault_step=150,
+                    args=["--startup-seconds", "6", "--step-time", "0.02", "--log-every", "50"])
+    w = watch_cli(job.pid, "--state-dir", str(tmp_path), "--no-replay")  # no --stall-after: the defaults
+    m = job.wait_for(r"SCOUT-DEMO fault .* t=([0-9.]+)", timeout=120)
+    fault = float(m.group(1))
+    e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["ranks"] == [2], timeout=60)
+    took = time.time() - fault
+    print(f"named {took:.1f} s after the fault")
+    assert took <= 10.0, (took, e["incident"]["evidence"])
+    assert e["incident"]["kind"] == HANG and e["incident"]["status"] == ATTRIBUTED
+    assert w.opened() == [(HANG, ATTRIBUTED, [2])], w.events  # nothing before it, during the start-up
 
 
 def test_elastic_restart_is_followed(start_job, tmp_path):

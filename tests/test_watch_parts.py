@@ -164,6 +164,22 @@ def test_progress_stack_still_at_one_place_is_the_spin_signal_without_ebpf():
     assert p.majority(range(4), 4, T0 + 8) == (8.0, STACK)
 
 
+def test_progress_one_place_counts_while_the_main_thread_keeps_waking_not_across_long_sleeps():
+    # stacks seconds apart always at the same line: a loader napping 0.5 s at a time (stuck) has not
+    # progressed; a healthy rank sleeping 2 s of each step at one line is judged by its pause instead
+    p = Progress()
+    for i in range(17):  # polls every 0.5 s for 8 s; a stack sample every 2 s
+        t = T0 + 0.5 * i
+        naps = _proc(0, t, last_ran=t - 0.5 * (i % 2))  # woke just now, or half a second ago
+        steps = _proc(1, t, last_ran=T0 + 2.0 * (i // 4))  # runs once per 2 s step, then sleeps
+        p.observe([naps, steps], t)
+        if i % 4 == 0:
+            p.observe([_stack(0, t), _stack(1, t)], t)
+    assert p.stalled(0, T0 + 8) == (8.0, STACK)
+    stall, signal = p.stalled(1, T0 + 8)
+    assert signal == MAIN_THREAD and stall <= 2.0
+
+
 def test_progress_a_waiter_inside_a_collective_is_judged_by_its_main_thread():
     # a healthy Gloo job whose ranks wait for a slow peer: every sample shows the same all_reduce line,
     # but the main thread wakes up each step (a collective completed): that is progress
@@ -250,16 +266,69 @@ def test_hang_watch_reconfirms_an_open_hang_periodically_and_sooner_on_progress(
     assert h.decide(later, 0.0, MAIN_THREAD, decisive=False, hang_open=True, learning=False).confirm  # progress seen
 
 
-def test_hang_watch_learns_stall_after_from_healthy_stretches_only():
+def _run(h: HangWatch, t: float, stalls, *, step: float = 0.5, learning: bool = True) -> float:
+    """Feed ``stalls`` one poll each ``step`` seconds from ``t``; returns the next poll's time."""
+    for stall in stalls:
+        h.decide(t, stall, MAIN_THREAD, decisive=False, hang_open=False, learning=learning)
+        t += step
+    return t
+
+
+def _steps(gap: float, n: int, step: float = 0.5) -> list[float]:
+    """The majority's stall at each poll of ``n`` healthy stretches of ``gap`` seconds."""
+    one = [k * step for k in range(int(gap / step) + 1)]
+    return one * n
+
+
+def test_hang_watch_learns_stall_after_from_the_recent_steady_gap_not_the_start_up():
     h = HangWatch()
-    assert h.stall_after == MIN_STALL_AFTER
-    for stall in (0.5, 1.0, 2.5, 0.2):  # the majority paused 2.5 s, then ran again
-        h.decide(T0, stall, MAIN_THREAD, decisive=False, hang_open=False, learning=True)
-    assert h.stall_after == pytest.approx(10.0)
-    for stall in (3.0, 0.1):  # not learnt while ranks are missing or probes settle
-        h.decide(T0, stall, MAIN_THREAD, decisive=False, hang_open=False, learning=False)
-    assert h.stall_after == pytest.approx(10.0)
+    assert h.stall_after == MIN_STALL_AFTER  # the floor until enough gaps are known
+    t = _run(h, T0, [k * 0.5 for k in range(21)])  # a 10 s start-up pause, then fast steps
+    t = _run(h, t, [0.1] * 40)  # 20 s of progress at every poll
+    assert h.stall_after == MIN_STALL_AFTER  # the start-up pause is not what the watch waits for
+    t = _run(h, t, _steps(2.0, 30))  # slow steps: 2 s without progress each
+    assert h.stall_after == pytest.approx(2.5 * 2.0)
+    assert h.steady_gap() == pytest.approx(2.0)
+    _run(h, t, _steps(4.0, 3), learning=False)  # not learnt while ranks are missing or probes settle
+    assert h.stall_after == pytest.approx(5.0)
     assert HangWatch(stall_after=30).stall_after == 30
+
+
+def test_hang_watch_suspects_a_fast_job_at_the_floor_and_a_slow_one_later():
+    h = HangWatch()
+    t = _run(h, T0, [0.05] * 40)
+    assert not h.decide(t, 1.4, COLLECTIVES, decisive=False, hang_open=False, learning=True).suspect
+    d = h.decide(t + 0.5, 1.6, COLLECTIVES, decisive=False, hang_open=False, learning=True)
+    assert d.suspect and d.confirm and d.threshold == MIN_STALL_AFTER
+    slow = HangWatch()
+    t = _run(slow, T0, _steps(2.0, 15))
+    assert not slow.decide(t, 2.5, COLLECTIVES, decisive=False, hang_open=False, learning=True).suspect
+    assert slow.decide(t + 2.5, 5.0, COLLECTIVES, decisive=False, hang_open=False, learning=True).confirm
+
+
+def test_hang_watch_learns_a_repeating_pause_and_stops_paying_a_window_for_it():
+    h = HangWatch()
+    t = _run(h, T0, [0.05] * 20)  # fast steps: the floor
+    windows = []
+    for _k in range(5):  # a 2 s checkpoint every 10 s: the window sees the writer progress
+        for stall in [0.0, 0.5, 1.0, 1.5, 2.0]:
+            d = h.decide(t, stall, MAIN_THREAD, decisive=False, hang_open=False, learning=True)
+            if d.confirm:
+                windows.append(t)
+                h.confirmed(t, found=False, stall=stall)
+            t += 0.5
+        t = _run(h, t, [0.05] * 15)  # 7.5 s of steps: 10 s from one pause's start to the next
+    assert len(windows) == 2  # the first two pauses cost a window each; then their cadence is known
+    assert len(h.pauses) == 5 and h.known_pause(t) == pytest.approx(2.0)
+    assert h.threshold(t + 0.5, 0.5) == pytest.approx(1.5 * 2.0 + 0.5)  # a stretch at the cadence waits longer
+    assert h.threshold(t + 5.0, 0.5) == MIN_STALL_AFTER  # one between two checkpoints does not
+    assert h.stall_after == MIN_STALL_AFTER  # the pauses are not steady gaps
+
+
+def test_hang_watch_suspects_a_desync_at_once():
+    h = HangWatch()
+    d = h.decide(T0, 0.2, COLLECTIVES, decisive=False, hang_open=False, learning=True, desync=True)
+    assert d.confirm and d.signal == "collective fingerprints"
 
 
 # ---------------------------------------------------------------- restart / waiting for ranks

@@ -96,8 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead of a live job, reopen a saved report (diagnose --json, or one saved with 's' "
                         "in the dashboard) in the dashboard")
     w.add_argument("--stall-after", type=float, default=None, metavar="SECONDS",
-                   help="call the job hung after this long without progress (default: adapts to the job, "
-                        "4x its longest healthy pause, at least 5 s)")
+                   help="suspect a hang after this long without progress, then a short stack window decides "
+                        "(default: adapts to the job, 2.5x its recent steady progress gap (90th percentile), at "
+                        "least 1.5 s; a repeating pause of known length, e.g. checkpoints, waits longer)")
     w.add_argument("--interval", type=float, default=0.5, metavar="SECONDS", help="poll period (default: 0.5)")
     w.add_argument("--headless", action="store_true", help="print events instead of drawing the dashboard")
     w.add_argument("--json", action="store_true", help="with --headless: one JSON object per line per event")

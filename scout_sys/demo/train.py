@@ -28,6 +28,8 @@ Faults (``--fault KIND --fault-rank R --fault-step S``), each on one rank at one
 In the asynchronous shapes the ``desync`` fault issues its broadcast asynchronously too and waits for
 it at the same place as everyone else, as on a GPU.
 
+``--startup-seconds T``: every rank sleeps T seconds (a slow data set preparation) before training.
+
 ``--checkpoint-every N --checkpoint-seconds T``: every N steps rank 0 writes a checkpoint for about
 T seconds while the others wait at a barrier (a healthy pause). Every rank exits by itself after
 ``--max-seconds`` so a forgotten demo never outlives its welcome.
@@ -73,6 +75,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-seconds", type=float, default=1.0)
     p.add_argument("--checkpoint-dir", default=None,
                    help="with --checkpoint-every: rank 0 also keeps DIR/step_N.pt (one torch.save each), as a job would")
+    p.add_argument("--startup-seconds", type=float, default=0.0,
+                   help="every rank prepares its data for this long (asleep) before the first step")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--max-seconds", type=float, default=600.0)
     return p.parse_args(argv)
@@ -208,6 +212,13 @@ def write_checkpoint(model: nn.Module, seconds: float, path: str) -> int:
             return written
 
 
+def prepare_data(seconds: float) -> None:
+    """--startup-seconds: a slow start-up (reading and preparing the data set) before training."""
+    end = time.time() + seconds
+    while time.time() < end:
+        time.sleep(min(0.5, max(0.0, end - time.time())))
+
+
 def extra_compute(seconds: float) -> None:
     a = torch.randn(128, 128)
     end = time.time() + seconds
@@ -231,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
         mine = False
     if rank == 0:
         mark("start", world=world, pid=os.getpid())
+    if args.startup_seconds:
+        prepare_data(args.startup_seconds)
+        if rank == 0:
+            mark("training", world=world)
     step = 0
     fault_step = args.fault_step
     try:
@@ -241,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             t0 = time.time()
             if mine and step == fault_step and args.fault not in ("none", "slow"):
-                mark("fault", kind=args.fault, rank=rank, step=step, pid=os.getpid())
+                mark("fault", kind=args.fault, rank=rank, step=step, pid=os.getpid(), t=f"{time.time():.3f}")
                 if args.fault == "hang":
                     load_next_batch_stuck(deadline)
                 elif args.fault == "busy":

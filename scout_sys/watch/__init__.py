@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from scout_sys.consensus import commonmode, hardware, lifecycle, peers
+from scout_sys.consensus import commonmode, desync, hardware, lifecycle, peers
 from scout_sys.exporters import feed
 from scout_sys.job import find_job
 from scout_sys.model import (
@@ -103,6 +103,7 @@ class Watcher:
         self.ended = False
         self.snapshot: Snapshot | None = None
         self._obs: deque[Observation] = deque()
+        self._collectives: dict[tuple[str, int], Any] = {}  # (group, rank) -> latest CollectiveSample
         self.views = Views()
         self._devices: dict[int, dict[str, object]] = {}
         self._notes: list[str] = []
@@ -139,6 +140,7 @@ class Watcher:
             self.monitor.close()
         self.job = job
         self.progress.forget()
+        self._collectives = {}
         self.stragglers.every.reset(now)
         self.monitor = Monitor(job, extra_probes=[*self.early.leases(), *default_probes(self.ebpf)], clock=self.clock,
                                sleep=self.sleep)
@@ -160,7 +162,7 @@ class Watcher:
         if self.monitor is not None:
             self.monitor.close(background=background)
             self.monitor = None
-        self.early.close()
+        self.early.close(background=background)
 
     def __enter__(self) -> Watcher:
         self.start()
@@ -249,7 +251,8 @@ class Watcher:
         stall, signal = self.progress.majority([r.rank for r in job.ranks], n, now)
         hang_open = bool(self.book.of_kinds(HANG_KINDS))
         d = self.hang.decide(now, stall, signal, decisive=decisive, hang_open=hang_open,
-                             learning=not job.missing and not mon.settling)
+                             learning=not job.missing and not mon.settling,
+                             desync=not hang_open and self._fingerprints_disagree(mon.job))
         if d.confirm and self._native_dumps:
             # a bundle's native dump holds ranks right now: a window would judge the pause we caused
             # (witnesses frozen mid-collective look like a common-mode hang); decide once it is done
@@ -306,7 +309,17 @@ class Watcher:
         return self.replay is not None and self.replay.request("asked for", self.clock())
 
     # ------------------------------------------------------------------ pieces
+    def _fingerprints_disagree(self, job: Job) -> bool:
+        """The eBPF fingerprints show one rank calling another collective (op, count, dtype) at a
+        position where a strict majority agrees: instant evidence, judged every poll (no stall timer).
+        Only the fingerprint rule: "behind while the others wait" needs the stall's time anyway."""
+        if not self._collectives:
+            return False
+        return any(f.kind == DESYNC and f.ranks and any("(differs)" in e.text for e in f.evidence)
+                   for f in desync.analyze(job, list(self._collectives.values())))
+
     def _remember(self, batch: Sequence[Observation], now: float) -> None:
+        self._collectives.update(desync.latest(batch))
         self._obs.extend(batch)
         while self._obs and self._obs[0].time < now - HISTORY_SECONDS:
             self._obs.popleft()

@@ -115,13 +115,14 @@ class EarlyProbes:
     def leases(self) -> list[Lease]:
         return [Lease(self, p) for p in self.probes]
 
-    def close(self) -> None:
-        """Detach. Unregistering a uprobe costs the kernel up to ~0.1 s each (1.5-2 s for this
+    def close(self, *, background: bool = False) -> None:
+        """Detach (``background``: someone waits for the prompt; a probe still compiling is not waited
+        for more than a moment). Unregistering a uprobe costs the kernel up to ~0.1 s each (1.5-2 s for this
         probe's 18): a short-lived child holding the same fds does it once this process has exited,
         as Monitor.close(background=True) does, so that the watch's exit never waits for it."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(1.0)
+            self._thread.join(0.1 if background else 1.0)
         probes = [p for p in self.probes if getattr(p, "_bpf", None) is not None]
         self.probes = []
         if not probes:

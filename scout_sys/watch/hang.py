@@ -1,32 +1,61 @@
 """When to look hard for a hang, and when a hang is over.
 
 A hang is *suspected* when a strict majority of ranks made no progress for ``stall_after`` seconds
-(:mod:`scout_sys.watch.progress`: collective sequence numbers, main threads, stacks) or when a rank
-stopped or died; it is *confirmed* by a short stack window judged by the same rules as ``diagnose``
-(the Watcher runs it). ``stall_after`` adapts: four times the longest no-progress stretch a strict
-majority went through while the job was healthy, never below 5 s (``--stall-after`` fixes it).
+(:mod:`scout_sys.watch.progress`: collective sequence numbers, main threads, stacks), when a rank
+stopped or died, or when the eBPF fingerprints show a desync (the Watcher asks every poll); it is
+*confirmed* by a short stack window judged by the same rules as ``diagnose`` (the Watcher runs it: a
+strict majority waiting at one place, the origin elsewhere and not progressing). Suspicion is fast and
+cheap, confirmation careful: a suspicion that the window does not confirm costs a window, never an
+incident.
+
+``stall_after`` adapts to the job's *recent steady* progress (``--stall-after`` fixes it): every time
+the majority progresses again, the stretch it went without progress is one *gap*; ``stall_after`` is
+``GAP_FACTOR`` times the ``GAP_PERCENTILE`` of the gaps of the last ``LEARN_SPAN`` seconds, never
+below ``MIN_STALL_AFTER`` (which also holds until ``MIN_GAPS`` gaps are known). A percentile of
+recent gaps, not the longest pause ever: a multi-second start-up or one slow step does not teach the
+watch to wait four times that for the rest of the job.
+
+Once the steady gap is known, a stretch that raised a suspicion the window did not confirm, and then
+ended in progress, was a *pause* (a checkpoint write, an evaluation phase, one rank's periodic work while the others wait: the
+rank everyone waits for progresses, so the window names nobody). Such stretches are not steady gaps:
+they are remembered as pauses (when each began, how long it lasted). Once two are known, a stretch
+that begins at the pauses' cadence (a whole number of periods after the last, within
+``CADENCE_SLACK``) is suspected only at ``PAUSE_MARGIN`` times the known pause's length: the watch
+does not pay a window at every checkpoint, and any other stretch is still suspected early.
 
 A first window that names nobody (an inconclusive hang) is held back and looked at again at the next
-poll (:meth:`HangWatch.hold`): it opens when the second window agrees. While a hang is open a fresh window reconfirms it every ``RECONFIRM_EVERY`` seconds, sooner once
-progress is seen: only a stack window may close a hang, since /proc alone is fooled by the blip a
-native dump (ptrace) causes in a blocked thread. A suspicion that a window did not confirm is not
-looked at again for ``stall_after`` seconds unless a stronger signal (a stopped or dead rank, or a
-majority stalled for twice as long) comes up, so a job that spins at one place most of the time does
-not pay for a window every poll.
+poll (:meth:`HangWatch.hold`): it opens when the second window agrees. While a hang is open a fresh
+window reconfirms it every ``RECONFIRM_EVERY`` seconds, sooner once progress is seen: only a stack
+window may close a hang, since /proc alone is fooled by the blip a native dump (ptrace) causes in a
+blocked thread. A suspicion that a window did not confirm is not looked at again for ``stall_after``
+seconds unless a stronger signal (a stopped or dead rank, or a majority stalled for twice as long)
+comes up, so a job that spins at one place most of the time does not pay for a window every poll.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from scout_sys.model import HANG, INCONCLUSIVE, Evidence, Incident
+from scout_sys.model import DESYNC, HANG, INCONCLUSIVE, Evidence, Incident
 
-MIN_STALL_AFTER = 5.0
+MIN_STALL_AFTER = 1.5  # the floor of the adaptive stall-after (seconds)
 MAX_STALL_AFTER = 600.0
-LEARN_FACTOR = 4.0
+GAP_FACTOR = 2.5  # stall-after: this many times the recent steady gap...
+GAP_PERCENTILE = 0.9  # ...at this percentile of the gaps (one slow step in ten does not count)
+LEARN_SPAN = 300.0  # seconds of recent gaps that count
+MIN_GAPS = 10  # gaps known before they count (until then: the floor, and the window decides)
+MAX_GAPS = 4096  # bounded memory whatever the poll rate
+PAUSE_MARGIN = 1.5  # a pause at its cadence is suspected at this many times its known length...
+PAUSE_SLACK = 0.5  # ...plus this many seconds
+CADENCE_SLACK = 0.25  # a stretch within this fraction of the pauses' period (at least 2 s) is one
+KEEP_PAUSES = 8
 CONFIRM_WINDOW = 1.0  # seconds of stacks taken to confirm a suspected hang
 RECONFIRM_EVERY = 5.0  # while a hang stays open
+DESYNC_SIGNAL = "collective fingerprints"
 
 
 @dataclass(frozen=True)
@@ -34,43 +63,114 @@ class Decision:
     confirm: bool  # take a stack window now
     suspect: bool  # the trigger holds (for evidence and for the dashboard)
     stall: float  # the majority's no-progress seconds
-    signal: str  # which signal says so ("collectives", "main thread", "stack", "process state")
+    signal: str  # which signal says so ("collectives", "main thread", "stack", "process state", ...)
+    threshold: float = 0.0  # the stall-after this stretch was compared with
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..1) of a non-empty sequence."""
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
 
 
 class HangWatch:
     def __init__(self, stall_after: float | None = None) -> None:
         self.fixed = stall_after
-        self.healthy_stall = 0.0  # longest majority stall seen while the job was healthy
-        self._last_stall = 0.0
+        self._gaps: deque[tuple[float, float]] = deque(maxlen=MAX_GAPS)  # (when it ended, seconds)
+        self.pauses: deque[tuple[float, float]] = deque(maxlen=KEEP_PAUSES)  # (began, seconds)
+        self._prev: tuple[float, float] | None = None  # (now, stall) of the last poll
+        self._in_pause = False  # the current stretch raised a suspicion a window did not confirm
+        self._learned = MIN_STALL_AFTER
+        self._learned_at: float | None = None
         self._last_window: float | None = None
         self._quiet_until = 0.0
         self._quiet_stall = 0.0
         self._held = False  # the last window's hang findings named nobody (see hold)
 
+    # ------------------------------------------------------------------ thresholds
     @property
     def stall_after(self) -> float:
+        """The current steady threshold (what people see; a pause at its cadence waits longer)."""
+        return self.fixed if self.fixed is not None else self._learned
+
+    def steady_gap(self) -> float | None:
+        """The recent steady gap (the percentile), None until ``MIN_GAPS`` are known."""
+        gaps = [g for _t, g in self._gaps]
+        return percentile(gaps, GAP_PERCENTILE) if len(gaps) >= MIN_GAPS else None
+
+    def _relearn(self, now: float) -> None:
+        while self._gaps and self._gaps[0][0] < now - LEARN_SPAN:
+            self._gaps.popleft()
+        gap = self.steady_gap()
+        self._learned = MIN_STALL_AFTER if gap is None else \
+            min(MAX_STALL_AFTER, max(MIN_STALL_AFTER, GAP_FACTOR * gap))
+        self._learned_at = now
+
+    def known_pause(self, began: float) -> float | None:
+        """The known pauses' length when a stretch that ``began`` then falls at their cadence."""
+        if len(self.pauses) < 2:
+            return None
+        starts = [s for s, _ in self.pauses]
+        period = statistics.median(b - a for a, b in zip(starts, starts[1:], strict=False))
+        if period <= 0:
+            return None
+        k = round((began - starts[-1]) / period)
+        if k < 1 or abs(began - (starts[-1] + k * period)) > max(2.0, CADENCE_SLACK * period):
+            return None
+        return max(length for _, length in list(self.pauses)[-3:])
+
+    def threshold(self, now: float, stall: float) -> float:
+        """The stall-after for the stretch the majority is in now (``stall`` seconds long)."""
         if self.fixed is not None:
             return self.fixed
-        return min(MAX_STALL_AFTER, max(MIN_STALL_AFTER, LEARN_FACTOR * self.healthy_stall))
+        known = self.known_pause(now - stall)
+        return self._learned if known is None else max(self._learned, PAUSE_MARGIN * known + PAUSE_SLACK)
+
+    # ------------------------------------------------------------------ one poll
+    def _learn(self, now: float, stall: float, *, learning: bool) -> None:
+        """A stretch ended when the majority's stall grew less than the time since the last poll
+        (it progressed in between): its length is at least the last stall (polls sample it, and the
+        percentile takes the high end of the samples)."""
+        prev, self._prev = self._prev, (now, stall)
+        if prev is None:
+            return
+        t, last = prev
+        if stall >= last + 0.5 * (now - t):
+            return  # still the same stretch
+        gap = last
+        if learning:
+            if self._in_pause and self.steady_gap() is not None:  # before that, every stretch is a gap
+                self.pauses.append((t - last, gap))
+            else:
+                self._gaps.append((now, gap))
+        self._in_pause = False
+        if self.fixed is None and (self._learned_at is None or now - self._learned_at >= 1.0):
+            self._relearn(now)
 
     def decide(self, now: float, stall: float, signal: str, *, decisive: bool, hang_open: bool,
-               learning: bool) -> Decision:
+               learning: bool, desync: bool = False) -> Decision:
         """One poll: ``stall`` is the majority's no-progress time by ``signal``; ``decisive`` a rank
-        stopped, died or is missing; ``learning`` whether a healthy stretch may teach ``stall_after``
-        (every rank is there and every probe settled)."""
-        last, self._last_stall = self._last_stall, stall
-        suspect = decisive or stall >= self.stall_after
+        stopped, died or is missing; ``desync`` the eBPF fingerprints show one (consensus/desync.py);
+        ``learning`` whether a healthy stretch may teach ``stall_after`` (every rank is there and
+        every probe settled)."""
+        self._learn(now, stall, learning=learning and not hang_open and not decisive)
+        limit = self.threshold(now, stall)
+        suspect = decisive or desync or stall >= limit
+        if not suspect and stall >= self.stall_after:
+            self._in_pause = True  # longer than steady, spared as a known pause: if it ends, it was one
         since = float("inf") if self._last_window is None else now - self._last_window
         if hang_open:
             confirm = since >= RECONFIRM_EVERY or (not suspect and since >= CONFIRM_WINDOW)
         elif suspect:
-            quiet = now < self._quiet_until and not decisive and stall < 2 * max(self._quiet_stall, self.stall_after)
+            quiet = now < self._quiet_until and not decisive and stall < 2 * max(self._quiet_stall, limit)
             confirm = not quiet
         else:
             confirm = False
-            if learning and stall < last:  # the majority progressed again: a healthy stretch; learn it
-                self.healthy_stall = max(self.healthy_stall, last)
-        return Decision(confirm, suspect, stall, "process state" if decisive and stall < self.stall_after else signal)
+        if decisive and stall < limit:
+            signal = "process state"
+        elif desync and stall < limit:
+            signal = DESYNC_SIGNAL
+        return Decision(confirm, suspect, stall, signal, limit)
 
     def confirmed(self, now: float, *, found: bool, stall: float) -> None:
         """A window was taken at ``now``; ``found`` whether it showed a hang."""
@@ -78,8 +178,10 @@ class HangWatch:
         if not found:
             self._quiet_until = now + self.stall_after
             self._quiet_stall = stall
+            self._in_pause = True  # if the majority now progresses, this stretch was a pause
         else:
             self._quiet_until = 0.0
+            self._in_pause = False
 
     def hold(self, findings: Sequence[Incident], *, hang_open: bool) -> bool:
         """Whether to hold back a window's hang findings: a first window that names nobody (every
@@ -98,8 +200,11 @@ class HangWatch:
 def with_trigger(findings: Sequence[Incident], d: Decision, stall_after: float) -> list[Incident]:
     """The hang findings of a window that a suspicion started, with what raised it (for people: which
     signal, how long the majority had stalled)."""
-    trigger = Evidence("procfs" if d.signal != "collectives" else "ebpf",
-                       f"a strict majority of ranks made no progress for {d.stall:.1f} s "
-                       f"(signal: {d.signal}; stall-after {stall_after:.1f} s)",
-                       data={"trigger": d.signal, "stall": round(d.stall, 3), "stall_after": round(stall_after, 3)})
-    return [replace(f, evidence=f.evidence + (trigger,)) if f.kind == HANG else f for f in findings]
+    limit = d.threshold or stall_after
+    text = (f"the eBPF collective fingerprints disagree (the majority's stall {d.stall:.1f} s; "
+            f"stall-after {limit:.1f} s)" if d.signal == DESYNC_SIGNAL else
+            f"a strict majority of ranks made no progress for {d.stall:.1f} s "
+            f"(signal: {d.signal}; stall-after {limit:.1f} s)")
+    trigger = Evidence("procfs" if d.signal not in ("collectives", DESYNC_SIGNAL) else "ebpf", text,
+                       data={"trigger": d.signal, "stall": round(d.stall, 3), "stall_after": round(limit, 3)})
+    return [replace(f, evidence=f.evidence + (trigger,)) if f.kind in (HANG, DESYNC) else f for f in findings]

@@ -12,8 +12,10 @@ Without eBPF, a rank whose last stack sample was inside a collective frame is ju
 thread alone: waking up there means a collective completed, although its stack looks the same at
 every sample (a healthy Gloo job whose ranks wait for a slow peer spends most of its time at one
 ``all_reduce`` line). Any other rank's stall is the longer of the main-thread pause and the stack
-signal: a rank that wakes up outside any collective and stays at one place (a poll or a sleep loop)
-has not progressed. A strict majority's stall (the (n//2+1)-th longest) is what the hang part
+signal, counted only while every procfs sample saw its main thread run within the last second (a
+spinner: the GPU shape's waiters, a busy loop, a loader napping at one place): a rank whose main
+thread sleeps longer is judged by its pause, since a healthy slow-stepping rank sleeps at one line
+for most of its step and stack samples seconds apart all see it there. A strict majority's stall (the (n//2+1)-th longest) is what the hang part
 compares with ``stall-after``. Pure: observations and ``now`` in, numbers out.
 
 A native dump of ours (an evidence bundle's, ptrace) wakes every thread it reads for a moment: a
@@ -35,6 +37,10 @@ from scout_sys.model import CollectiveSample, Observation, ProcSample, StackSamp
 COLLECTIVES, MAIN_THREAD, STACK = "collectives", "main thread", "stack"
 RUNNING_STATES = ("running",)
 HELD_SLACK = 0.5  # a thread held by our dump runs once more right after it is let go
+# The stack signal counts while every procfs sample saw the main thread run within this many seconds:
+# a spinner, a busy loop, a rank polling or sleeping in short naps at one place (a stuck data loader);
+# not a healthy slow-stepping rank, whose main thread sleeps for seconds at one line every step.
+AWAKE_PAUSE = 1.0
 
 
 @dataclass
@@ -50,6 +56,7 @@ class Progress:
     def __init__(self) -> None:
         self._pause: dict[int, float] = {}  # rank -> main-thread pause at the last procfs sample
         self._off: dict[int, float] = {}  # rank -> since when its main thread is off CPU
+        self._on: dict[int, float] = {}  # rank -> since when every procfs sample saw its main thread run
         self._held: dict[float, float | None] = {}  # our native dumps: start -> end (None: still holding)
         self._stack: dict[int, _Run] = {}
         self._seq: dict[int, _Run] = {}
@@ -83,6 +90,7 @@ class Progress:
         if not o.alive:
             self._pause.pop(o.rank, None)
             self._off.pop(o.rank, None)
+            self._on.pop(o.rank, None)
             return
         before = self._off.get(o.rank)
         if before is not None and self._ours(o.time, before):
@@ -96,6 +104,10 @@ class Progress:
                 off = before  # it ran only because our dump woke it
             self._off[o.rank] = off
             self._pause[o.rank] = max(0.0, now - off)
+        if self._pause.get(o.rank, 0.0) <= AWAKE_PAUSE:
+            self._on.setdefault(o.rank, o.time)
+        else:
+            self._on.pop(o.rank, None)
 
     def held(self, start: float, end: float | None = None) -> None:
         """Our native dump holds (``end`` None) or held the ranks from ``start`` to ``end``: what their
@@ -131,6 +143,9 @@ class Progress:
             return pause, MAIN_THREAD
         stack = self._stack.get(rank)
         still = (stack.seen - stack.since) if stack is not None else 0.0
+        if rank in self._pause:  # procfs sees it: one place counts only while the main thread keeps waking
+            on = self._on.get(rank)
+            still = min(still, now - on) if on is not None else 0.0
         return (pause, MAIN_THREAD) if pause >= still else (still, STACK)
 
     def majority(self, ranks: Sequence[int], n: int, now: float) -> tuple[float, str]:

@@ -1,0 +1,46 @@
+"""diagnose's window too short to tell a slow step from a hang: an inconclusive hang (exit 1), never
+"healthy" (scout_sys/monitor.py too_short); a job whose steps fit in the window stays healthy."""
+
+from __future__ import annotations
+
+import pytest
+
+from scout_sys.model import HANG, INCONCLUSIVE, Frame
+from scout_sys.monitor import too_short
+from tests.conftest import diagnose_json
+from tests.test_hang_rules import SLEEPING, T0, TRAIN, WAIT_AR, _job, _rank_obs
+
+WINDOW = (T0, T0 + 4)
+
+
+def test_no_rank_moving_over_the_whole_window_is_too_short_to_tell():
+    obs = []
+    for r in range(4):  # asleep at one place, main threads last ran before the window
+        obs += _rank_obs(r, stacks=SLEEPING if r % 2 else WAIT_AR)
+    inc = too_short(_job(4), obs, WINDOW)
+    assert inc is not None and (inc.kind, inc.status, inc.ranks) == (HANG, INCONCLUSIVE, ())
+    assert "too short" in inc.summary and "--window" in inc.summary
+
+
+def test_a_rank_that_moved_or_ran_in_the_window_is_progress():
+    moved = [SLEEPING] * 4 + [(Frame(function="forward", file=TRAIN, line=20),) + SLEEPING[1:]]
+    obs = []
+    for r in range(4):
+        obs += _rank_obs(r, stacks=moved if r == 1 else SLEEPING)
+    assert too_short(_job(4), obs, WINDOW) is None
+    ran = []
+    for r in range(4):
+        ran += [o if not hasattr(o, "main_last_ran") or r != 3 else
+                type(o)(**{**o.__dict__, "main_last_ran": T0 + 2}) for o in _rank_obs(r, stacks=SLEEPING)]
+    assert too_short(_job(4), ran, WINDOW) is None  # rank 3's main thread ran inside the window
+
+
+@pytest.mark.slow
+def test_a_job_stepping_slower_than_the_window_is_an_inconclusive_hang_not_healthy(start_job):
+    # every rank sleeps 6 s per step: a 2 s window sees nobody move, as it would a hang
+    job = start_job(4, args=["--step-time", "6", "--log-every", "1"])
+    job.wait_steps(2, timeout=90)
+    rc, d = diagnose_json(job.pid, window=2.0)
+    assert rc == 1, d
+    assert [(i["kind"], i["status"], i["ranks"]) for i in d["incidents"]] == [(HANG, INCONCLUSIVE, [])], d
+    assert "too short" in d["incidents"][0]["summary"]
