@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from scout_sys.consensus import desync, hang, hardware, lifecycle, peers, straggler
+from scout_sys.consensus import desync, hang, hardware, lifecycle, peers, straggler_window
 from scout_sys.errors import SUDO_HINT, PermissionDenied, ProbeUnavailable
 from scout_sys.model import (
     ATTRIBUTED,
@@ -205,7 +205,7 @@ class Monitor:
         # follows the learned process groups); stragglers and the report use the learned peers
         job = peers.with_learned(self.job, obs)
         incidents, acts, notes = hang.analyze(self.job, obs, window=window)
-        slow, slow_notes = ([], []) if incidents else straggler.in_window(job, obs, acts, window)
+        slow, slow_notes = ([], []) if incidents else straggler_window.in_window(job, obs, acts, window)
         # The exit probe's deaths before desync: a dead rank is "behind" in every sequence, which
         # corroborates its process_exit even when every rank has died by now and the stack rules are silent.
         incidents = merge_findings(incidents, lifecycle.analyze(self.job, obs),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scout_sys.consensus import straggler
+from scout_sys.consensus import cpushare, straggler, straggler_window
 from scout_sys.model import STRAGGLER, CollectiveSample, Fingerprint, Job, ProcSample, Rank
 
 T0 = 5_000.0
@@ -107,20 +107,20 @@ def test_diagnose_names_the_rank_the_others_keep_waiting_for():
     peers = [WAIT, WAIT, _fr("forward", "main"), WAIT, WAIT]
     obs, acts = _window({0: peers, 1: peers[1:] + peers[:1], 2: COMPUTE, 3: peers},
                         {0: "running", 1: "running", 2: "running", 3: "running"})
-    assert set(straggler.never_waiting(_job(4), obs, acts)) == {2}
+    assert set(straggler_window.never_waiting(_job(4), obs, acts)) == {2}
     # with the stacks alone (no busy share in the window): a note, not an incident
-    incidents, notes = straggler.in_window(_job(4), obs, acts, (100.0, 104.0))
+    incidents, notes = straggler_window.in_window(_job(4), obs, acts, (100.0, 104.0))
     assert incidents == [] and any("rank 2 was never found waiting" in n for n in notes)
     # the busy share alone: an inconclusive straggler, naming no origin
     busy = [ProcSample(time=100.0 + t, rank=r, pid=10 + r, status="running", main_cpu_ns=int(t * 1e9 * (0.95 if r == 2 else 0.3)),
                        main_delay_ns=0) for r in range(4) for t in (0, 4)]
-    incidents, _ = straggler.in_window(_job(4), busy, acts, (100.0, 104.0))
+    incidents, _ = straggler_window.in_window(_job(4), busy, acts, (100.0, 104.0))
     assert [(i.kind, i.status, i.ranks) for i in incidents] == [("straggler", "inconclusive", ())]
     assert "rank 2 may be a straggler" in incidents[0].summary and "one measure only" in incidents[0].summary
     # both measures agree: attributed
     busy = [ProcSample(time=100.0 + t, rank=r, pid=10 + r, status="running", main_cpu_ns=int(t * 1e9 * (0.95 if r == 2 else 0.3)),
                        main_delay_ns=0) for r in range(4) for t in (0, 4)]
-    incidents, _ = straggler.in_window(_job(4), obs + busy, acts, (100.0, 104.0))
+    incidents, _ = straggler_window.in_window(_job(4), obs + busy, acts, (100.0, 104.0))
     assert [(i.kind, i.ranks) for i in incidents] == [("straggler", (2,))]
     assert "never waits" in incidents[0].summary and {e.source for e in incidents[0].evidence} == {"stack", "procfs"}
 
@@ -130,11 +130,11 @@ def test_diagnose_straggler_not_for_a_checkpoint_pause_or_a_hang():
     # rank 0 writes a checkpoint while the others wait the whole window: a pause
     obs, acts = _window({0: COMPUTE, 1: waiting, 2: waiting, 3: waiting},
                         {0: "running", 1: "idle", 2: "idle", 3: "idle"}, wrote={0: 10 << 20})
-    assert straggler.never_waiting(_job(4), obs, acts) == {}
+    assert straggler_window.never_waiting(_job(4), obs, acts) == {}
     # a rank stuck elsewhere is a hang, never a straggler
     obs, acts = _window({0: [_fr("load", "main")] * 5, 1: COMPUTE, 2: COMPUTE, 3: COMPUTE},
                         {0: "idle", 1: "running", 2: "running", 3: "running"})
-    assert straggler.never_waiting(_job(4), obs, acts) == {}
+    assert straggler_window.never_waiting(_job(4), obs, acts) == {}
 
 
 def test_diagnose_straggler_healthy_job_names_nobody():
@@ -142,7 +142,7 @@ def test_diagnose_straggler_healthy_job_names_nobody():
              [WAIT, _fr("forward", "main"), WAIT, _fr("backward", "main"), WAIT][:(i + r) % 5] for r, i in
              zip(range(4), (0, 1, 2, 3), strict=True)]
     obs, acts = _window(dict(enumerate(mixed)), dict.fromkeys(range(4), "running"))
-    assert straggler.never_waiting(_job(4), obs, acts) == {}
+    assert straggler_window.never_waiting(_job(4), obs, acts) == {}
 
 
 def test_socket_writes_shared_by_every_rank_are_no_checkpoint():
@@ -152,9 +152,9 @@ def test_socket_writes_shared_by_every_rank_are_no_checkpoint():
     ranks = {0: peers, 1: peers[1:] + peers[:1], 2: COMPUTE, 3: peers}
     states = dict.fromkeys(range(4), "running")
     obs, acts = _window(ranks, states, wrote=dict.fromkeys(range(4), 86 << 10))
-    assert set(straggler.never_waiting(_job(4), obs, acts)) == {2}
+    assert set(straggler_window.never_waiting(_job(4), obs, acts)) == {2}
     obs, acts = _window(ranks, states, wrote={0: 86 << 10, 1: 86 << 10, 2: 10 << 20, 3: 86 << 10})
-    assert straggler.never_waiting(_job(4), obs, acts) == {}
+    assert straggler_window.never_waiting(_job(4), obs, acts) == {}
 
 
 def test_peers_found_in_collectives_each_time_progress_when_they_exchange_data():
@@ -163,9 +163,9 @@ def test_peers_found_in_collectives_each_time_progress_when_they_exchange_data()
     ranks = {0: waiting, 1: waiting, 2: COMPUTE, 3: waiting}
     states = {0: "waiting", 1: "waiting", 2: "running", 3: "waiting"}
     obs, acts = _window(ranks, states, wrote=dict.fromkeys(range(4), 90 << 10))
-    assert set(straggler.never_waiting(_job(4), obs, acts)) == {2}
+    assert set(straggler_window.never_waiting(_job(4), obs, acts)) == {2}
     obs, acts = _window(ranks, states, wrote={2: 90 << 10})  # peers silent: not a straggler's peers
-    assert straggler.never_waiting(_job(4), obs, acts) == {}
+    assert straggler_window.never_waiting(_job(4), obs, acts) == {}
 
 
 # ---- causes and the cgroup throttling measure
@@ -187,8 +187,8 @@ def _cpu(n, on: dict[int, float], run: dict[int, float], thr: dict[int, float], 
 
 def test_a_rank_throttled_by_its_quota_gets_the_cause_throttled_with_the_numbers():
     obs = _cpu(4, {3: 0.12}, {3: 0.8}, {3: 0.8}, quota=0.12)
-    sh = straggler.shares(obs, range(4))
-    c = straggler.cause(sh, 3, obs)
+    sh = cpushare.shares(obs, range(4))
+    c = cpushare.cause(sh, 3, obs)
     assert c.kind == "throttled" and c.label == "starved of CPU (throttled)"
     assert c.data["nr_throttled"] == 40 and c.data["nr_periods"] == 50 and c.data["throttled_s"] == 4.0
     assert "quota of 0.12 CPU" in c.text and "40 of 50 periods" in c.text
@@ -199,17 +199,17 @@ def test_a_rank_throttled_by_its_quota_gets_the_cause_throttled_with_the_numbers
 
 def test_contended_compute_input_and_communication_causes():
     obs = _cpu(4, {2: 0.3}, {2: 0.6}, {})
-    assert straggler.cause(straggler.shares(obs, range(4)), 2, obs).kind == "contended"
+    assert cpushare.cause(cpushare.shares(obs, range(4)), 2, obs).kind == "contended"
     obs = _cpu(4, {2: 0.9}, {}, {})
-    c = straggler.cause(straggler.shares(obs, range(4)), 2, obs)
+    c = cpushare.cause(cpushare.shares(obs, range(4)), 2, obs)
     assert c.kind == "compute" and "runs 90%" in c.text
     obs = _cpu(4, {}, {}, {})
-    assert straggler.cause(straggler.shares(obs, range(4)), 2, obs).kind == "communication"
+    assert cpushare.cause(cpushare.shares(obs, range(4)), 2, obs).kind == "communication"
     from scout_sys.model import StackSample, ThreadStack
 
     loader = _fr("_next_data", "__next__", "main")
     stacks = [StackSample(time=T0 + i, rank=2, pid=102, threads=(ThreadStack(tid=102, name="MainThread", active=True, frames=loader),)) for i in range(3)]
-    assert straggler.cause(straggler.shares(obs, range(4)), 2, obs + stacks).kind == "input"
+    assert cpushare.cause(cpushare.shares(obs, range(4)), 2, obs + stacks).kind == "input"
 
 
 def test_throttling_alone_names_a_rank_only_when_it_is_busier_than_its_peers():

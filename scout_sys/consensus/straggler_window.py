@@ -1,0 +1,192 @@
+"""``diagnose``'s straggler from one window: every measure on its own (stack samples, eBPF arrival
+lag, busy share, throttled share), two agreeing name the rank, one alone is inconclusive; the verdict
+says the cause (consensus/cpushare.py). Pure: no I/O, no clocks."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from scout_sys.consensus.cpushare import BUSY_FLOOR, Cause, busy_shares, cause, shares
+from scout_sys.consensus.peers import work_groups
+from scout_sys.consensus.straggler import (
+    WindowVerdict,
+    _compared,
+    _fmt,
+    _lags,
+    _outliers,
+    _primary,
+    _rank_text,
+    _throttle_verdict,
+)
+from scout_sys.model import (
+    ATTRIBUTED,
+    INCONCLUSIVE,
+    STRAGGLER,
+    Evidence,
+    Incident,
+    Job,
+    Observation,
+    StackSample,
+)
+
+# ---- one window (``diagnose``): the rank the others keep waiting for
+
+WAITED_MIN = 0.5  # share of stack samples in which a strict majority must be found waiting
+# A straggler passes through its own collectives too, briefly: a sample may catch it there (at most
+# one in four; never with fewer than four samples).
+SELDOM = 4
+
+
+def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any]
+                  ) -> dict[int, tuple[int, int, str, int]]:
+    """From the window's stack samples: ranks that were (almost) never found waiting while a strict majority of
+    their peers — themselves progressing (their stacks move) — was found waiting in more than
+    ``WAITED_MIN`` of the samples, in a collective (Gloo) or at their common sync point (the GPU shape);
+    peers found in collectives at every sample count as progressing when they exchanged data.
+    Only a rank that progresses itself (``running``, not writing a checkpoint) counts: a stuck one is a
+    hang. Returns rank -> (samples in which the majority waited, samples, where they waited, samples in
+    which the rank itself was found waiting)."""
+    from scout_sys.consensus.hang import location_of, untorn
+    from scout_sys.consensus.patterns import collective_of
+
+    reads: dict[int, list[Any]] = {}
+    for o in sorted((o for o in obs if isinstance(o, StackSample) and not o.native and o.error is None),
+                    key=lambda s: s.time):
+        main = o.main()
+        if main is not None and main.frames:
+            reads.setdefault(o.rank, []).append((o, main))
+    stacks: dict[int, list[Any]] = {}
+    for rank, rs in reads.items():
+        for _o, main in untorn(rs):
+            w = collective_of(main.frames)
+            stacks.setdefault(rank, []).append(("coll", w.op, w.site) if w else ("place", location_of(main.frames)))
+    out: dict[int, tuple[int, int, str, int]] = {}
+    for group in work_groups(job):
+        ranks = [r for r in group if len(stacks.get(r, ())) >= 3]
+        if len(ranks) < 3:
+            continue
+        k = min(len(stacks[r]) for r in ranks)
+        keys = [x for r in ranks for x in stacks[r][:k]]
+        wait_key = max(set(keys), key=keys.count)  # where the group spends its time: the wait
+        waits = {r: [x == wait_key or x[0] == "coll" for x in stacks[r][:k]] for r in ranks}
+        waited = sum(sum(waits[r][i] for r in ranks) * 2 > len(ranks) for i in range(k))
+        if waited <= WAITED_MIN * k:
+            continue
+        where = f"in {wait_key[1]} at {wait_key[2]}" if wait_key[0] == "coll" else "at their common sync point"
+        for r in ranks:
+            a = acts.get(r)
+            peers = [p for p in ranks if p != r]
+            own = sum(waits[r])
+            if own * SELDOM > k or a is None or a.state != "running" or _writes_alone(a, [acts.get(p) for p in peers]):
+                continue
+            if sum(_moving(acts.get(p)) for p in peers) * 2 > len(peers):
+                out[r] = (waited, k, where, own)
+    return out
+
+
+def _moving(a: Any) -> bool:
+    """Progressing: its stack moves, or it is found in collectives each time but exchanged data over the
+    window (a hung Gloo peer writes nothing while it waits)."""
+    # (DDP's peers wait inside backward, found at one place each sample: they exchanged data each step)
+    return a is not None and (a.state == "running" or (a.state in ("waiting", "idle") and a.wrote > 0))
+
+
+def _writes_alone(a: Any, peers: Sequence[Any]) -> bool:
+    """The rank wrote enough to be progressing (a checkpoint) and more than twice what its peers wrote:
+    write counts include the sockets, and every rank sends its share of the collectives' data."""
+    from scout_sys.consensus.hang import WRITE_PROGRESS_BYTES
+
+    theirs = [p.wrote for p in peers if p is not None]
+    return a.wrote >= WRITE_PROGRESS_BYTES and (not theirs or a.wrote > 2 * statistics.median(theirs))
+
+
+def measures(job: Job, obs: Sequence[Observation], start: float, end: float
+             ) -> tuple[dict[int, list[WindowVerdict]], dict[int, Cause]]:
+    """Every continuous measure of one window, each on its own: per rank, the verdicts (lag, busy,
+    throttle) that name it an outlier among the ranks doing the same work; and each such rank's cause."""
+    named: dict[int, list[WindowVerdict]] = {}
+    causes: dict[int, Cause] = {}
+    for g in work_groups(job):
+        live = [r for r in g if r in job.by_rank()]
+        if len(live) < 3:
+            continue
+        cpu = shares(obs, live)
+        found: list[WindowVerdict] = []
+        lags, period = _lags(obs, live, start, end)
+        busy = busy_shares(obs, live)
+        if lags:
+            lag = _primary(live, obs, start, end)
+            if lag.metric == "lag":
+                found.append(lag)
+        if len(busy) == len(live):
+            sus, med, thr = _outliers(busy, BUSY_FLOOR)
+            found.append(WindowVerdict(start, end, "busy", busy, sus, med, thr))
+        if len(cpu) == len(live):
+            t = _throttle_verdict(cpu, live, start, end)
+            if t is not None:
+                found.append(t)
+        for w in found:
+            for r in w.suspects:
+                named.setdefault(r, []).append(w)
+                if r not in causes and len(cpu) == len(live):
+                    causes[r] = cause(cpu, r, obs)
+    return named, causes
+
+
+def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], window: tuple[float, float]
+              ) -> tuple[list[Incident], list[str]]:
+    """``diagnose``'s straggler, from one window: attributed when two measures agree — the stack samples
+    (it never waited while the majority did), the collective arrival lag (eBPF), the main thread's busy
+    share (schedstat: on a CPU or waiting for one) and the cgroup's throttled share (cpu.stat), each an
+    outlier among the ranks doing the same work by the same robust vote. One continuous measure alone
+    gives an inconclusive straggler; the stack samples alone, the weakest, a note. The verdict says the cause. Returns (incidents, notes)."""
+    seen = never_waiting(job, obs, acts)
+    named, causes = measures(job, obs, window[0], window[1])
+    out: list[Incident] = []
+    notes: list[str] = []
+    for r in sorted(set(named) | set(seen)):
+        ev: list[Evidence] = []
+        if r in seen:
+            waited, k, where, own = seen[r]
+            ev.append(Evidence("stack", f"rank {r} was "
+                               f"{'never found waiting' if not own else f'found waiting in only {own} of {k} samples'}"
+                               f" while a strict majority of its peers waited {where} in {waited} of {k} stack samples",
+                               rank=r, data={"samples": k, "majority_waiting": waited}))
+        ws = named.get(r, [])
+        for w in ws:
+            ev.append(Evidence("ebpf" if w.metric == "lag" else "procfs", _rank_text(w, r), rank=r,
+                               data={"metric": w.metric, "value": round(w.values[r], 4),
+                                     "peer_median": round(w.median, 4), "threshold": round(w.threshold, 4)}))
+        c = causes.get(r)
+        if c is not None:
+            ev.append(Evidence("procfs", f"cause: {c.label}: {c.text}", rank=r, data={"cause": c.kind, **c.data}))
+        w0 = ws[0] if ws else None
+        ev += _compared(job, (r,), w0) if w0 is not None else []
+        n = len(ws) + (r in seen)
+        how = (f"{_fmt(w0.metric, w0.values.get(r, 0.0))}; peers {_fmt(w0.metric, w0.median)}" if w0 is not None
+               else "its peers wait for it")
+        because = f"; cause: {c.label}" if c is not None else ""
+        a = acts.get(r)
+        if ws and a is not None and _writes_alone(a, [acts.get(p) for p in acts if p != r]):
+            notes.append(f"rank {r} is busier than its peers while it writes alone (a checkpoint): a pause, "
+                         "not a straggler")
+            continue
+        if not ws:
+            # the stack samples alone are the weakest measure (a healthy rank that logs or reads its
+            # next batch at each sample looks the same): a note, as before
+            notes.append(f"possible straggler (stack samples only, not enough to name it): {ev[0].text}")
+            continue
+        if n >= 2:
+            waits = f" and it {'never' if not seen[r][3] else 'seldom'} waits" if r in seen else ""
+            summary = f"rank {r} is a straggler: its peers wait for it ({how}){waits}{because}"
+            status = ATTRIBUTED
+        else:
+            summary = (f"rank {r} may be a straggler ({how}{because}), by one measure only "
+                       f"({'stack samples' if r in seen else w0.metric if w0 else ''}): not enough to name it")
+            status = INCONCLUSIVE
+        # an inconclusive incident names no origin (its ranks are empty); the suspect is in the summary
+        out.append(Incident(kind=STRAGGLER, status=status, ranks=(r,) if status == ATTRIBUTED else (),
+                            hosts=(job.host_of(r),), since=window[0], summary=summary, evidence=tuple(ev)))
+    return out, notes
