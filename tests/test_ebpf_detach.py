@@ -37,6 +37,29 @@ def bpf_prog_ids() -> set[int]:
         ids.add(start)
 
 
+def held_bpf_prog_ids(pid: int | str = "self") -> set[int]:
+    """The BPF programs the process holds an fd of (its own: the other xdist worker's watch loads
+    programs at the same time, so a before/after difference of :func:`bpf_prog_ids` is not ours)."""
+    ids = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") != "anon_inode:bpf-prog":
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                ids |= {int(line.split()[1]) for line in f if line.startswith("prog_id:")}
+        except OSError:
+            pass
+    return ids
+
+
+def gone(ids: set[int], seconds: float = 15.0) -> bool:
+    """Whether the programs ``ids`` are unloaded within ``seconds`` (the kernel frees them deferred)."""
+    deadline = time.monotonic() + seconds
+    while ids & bpf_prog_ids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not ids & bpf_prog_ids()
+
+
 def perf_event_fds(pid: int | str = "self") -> int:
     """How many perf event fds the process holds (one per attached uprobe / uretprobe)."""
     n = 0
@@ -69,24 +92,20 @@ def test_sigkill_of_monitor_detaches_everything() -> None:
     monitor = None
     try:
         assert target.stdout is not None and target.stdout.readline().startswith("ready")
-        before = bpf_prog_ids()
         monitor = subprocess.Popen([sys.executable, str(ROOT / "tests" / "jobs" / "probe_holder.py"), str(target.pid)],
                                    stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
                                    env=dict(os.environ, PYTHONPATH=str(ROOT)))
         assert monitor.stdout is not None
         line = monitor.stdout.readline().split()
         assert line[0] == "attached" and int(line[1]) > 0, line
-        ours = bpf_prog_ids() - before
+        ours = held_bpf_prog_ids(monitor.pid)
         assert ours, "the monitor loaded no BPF program"
         # fd-based: one perf event fd per uprobe in the monitor, no entry in the debugfs list
         assert perf_event_fds(monitor.pid) == int(line[1])
         assert uprobe_events_naming(str(_libnccl())) == []
         monitor.send_signal(signal.SIGKILL)
         monitor.wait(10)
-        deadline = time.monotonic() + 15
-        while ours & bpf_prog_ids() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not ours & bpf_prog_ids(), "BPF programs outlived the SIGKILLed monitor"
+        assert gone(ours), "BPF programs outlived the SIGKILLed monitor"
         assert uprobe_events_naming(str(_libnccl())) == []
     finally:
         if monitor is not None:

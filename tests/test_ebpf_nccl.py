@@ -17,7 +17,7 @@ import pytest
 from scout_sys.model import Job, Rank
 from tests._ebpf_jobs import ROOT, ebpf_skip_reason
 from tests._host import libnccl
-from tests.test_ebpf_detach import bpf_prog_ids, perf_event_fds
+from tests.test_ebpf_detach import gone, held_bpf_prog_ids, perf_event_fds
 
 pytestmark = pytest.mark.ebpf
 
@@ -36,7 +36,7 @@ def test_nccl_probe_reads_arguments() -> None:
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                              start_new_session=True)
     probe = CollectiveProbe()
-    fds_before, progs_before = perf_event_fds(), bpf_prog_ids()
+    fds_before = perf_event_fds()
     try:
         assert child.stdout is not None and child.stdin is not None
         ready = child.stdout.readline().split()
@@ -47,7 +47,7 @@ def test_nccl_probe_reads_arguments() -> None:
         probe.start(job)
         assert any("ncclAllReduce" in a for a in probe.attached)
         assert perf_event_fds() - fds_before == len(probe.attached)
-        assert bpf_prog_ids() - progs_before
+        assert held_bpf_prog_ids()
         child.stdin.write("\n")
         child.stdin.flush()
         rcs = child.stdout.readline().split()
@@ -68,10 +68,10 @@ def test_nccl_probe_reads_arguments() -> None:
         ]
         assert probe.nccl_returns() == {(child.pid, comm): 4}
         assert probe.lost() == 0
-        ours = bpf_prog_ids() - progs_before
+        ours = held_bpf_prog_ids()
         probe.close()
-        # close() gave back every perf event fd and unloaded its programs (others' may come and go)
-        assert perf_event_fds() == fds_before and not ours & bpf_prog_ids()
+        # close() gave back every perf event fd and every program fd, and its programs are unloaded
+        assert perf_event_fds() == fds_before and not held_bpf_prog_ids() and gone(ours, 5.0)
     finally:
         probe.close()
         probe.close()  # idempotent

@@ -49,6 +49,7 @@ from scout_sys.model import (
     Incident,
     Job,
     Observation,
+    ProcSample,
 )
 from scout_sys.text import ranks_text
 
@@ -184,9 +185,30 @@ def _throttle_verdict(cpu: Mapping[int, CpuShare], live: Sequence[int], start: f
     return WindowVerdict(start, end, "throttle", values, sus, med, threshold)
 
 
+def _writing_alone(obs: Sequence[Observation], live: Sequence[int]) -> set[int]:
+    """Ranks that wrote a checkpoint's worth over the window and more than twice their peers' median
+    (write counts include sockets): busy because they write, while the others wait — a pause."""
+    from scout_sys.consensus.hang import WRITE_PROGRESS_BYTES
+
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for o in sorted((o for o in obs if isinstance(o, ProcSample) and o.rank in live and o.write_chars is not None),
+                    key=lambda o: o.time):
+        first.setdefault(o.rank, o.write_chars or 0)
+        last[o.rank] = o.write_chars or 0
+    wrote = {r: last[r] - first[r] for r in last}
+    out = set()
+    for r, w in wrote.items():
+        theirs = [v for p, v in wrote.items() if p != r]
+        if w >= WRITE_PROGRESS_BYTES and (not theirs or w > 2 * statistics.median(theirs)):
+            out.add(r)
+    return out
+
+
 def _primary(live: Sequence[int], obs: Sequence[Observation], start: float, end: float) -> WindowVerdict:
     lags, period = _lags(obs, live, start, end)
     busy = busy_shares(obs, live)
+    writers = _writing_alone(obs, live)
     if lags:
         floor = max(LAG_FLOOR, LAG_FLOOR_OF_PERIOD * (period or 0.0))
         sus, med, thr = _outliers(lags, floor)
@@ -201,11 +223,13 @@ def _primary(live: Sequence[int], obs: Sequence[Observation], start: float, end:
         if sus or len(busy) != len(live):
             return lagv
         b_sus, b_med, b_thr = _outliers(busy, BUSY_FLOOR)
+        b_sus = tuple(r for r in b_sus if r not in writers)  # a checkpoint writer is a pause
         # eBPF may miss the arrivals (a collective it does not see): the busy share still names one
         return (WindowVerdict(start, end, "busy", busy, b_sus, b_med, b_thr, None, None, periods(obs, start, end))
                 if b_sus else lagv)
     if len(busy) == len(live):
         sus, med, thr = _outliers(busy, BUSY_FLOOR)
+        sus = tuple(r for r in sus if r not in writers)  # a checkpoint writer is a pause
         return WindowVerdict(start, end, "busy", busy, sus, med, thr, None, None, periods(obs, start, end))
     return WindowVerdict(start, end, "")
 

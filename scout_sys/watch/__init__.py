@@ -275,15 +275,16 @@ class Watcher:
         return self.book.reconcile(findings, now, HANG_KINDS, on_open=self._on_open)
 
     def _with_step_history(self, inc: Incident, stall: float) -> Incident:
-        """A common-mode hang with what the watch knows of the job's own steps: how long a strict
-        majority went without progress while healthy, and how long now (a long step stays within it)."""
+        """A common-mode hang with what the watch knows of the job's own steps: the recent steady gap
+        without progress of a strict majority, and how long now (a long step stays within it)."""
         steps = sorted(v for q in self.stragglers.period.values() for v in q)
         step = steps[len(steps) // 2] if steps else None
-        healthy = self.hang.healthy_stall
+        gap = self.hang.steady_gap()
         text = ("the job's step history (watch): " + (f"steps took {step:.2f} s (median)" if step else "no step time yet")
-                + f"; the longest healthy no-progress stretch of a strict majority was {healthy:.2f} s, now {stall:.1f} s")
+                + ("; its recent steady no-progress gap (a strict majority, p90) was "
+                   f"{gap:.2f} s, now {stall:.1f} s" if gap is not None else f"; no steady gap learned yet, now {stall:.1f} s"))
         ev = Evidence("procfs", text, data={"step_history": {"median_step_s": None if step is None else round(step, 3),
-                                                             "healthy_stall_s": round(healthy, 3),
+                                                             "steady_gap_s": None if gap is None else round(gap, 3),
                                                              "stall_s": round(stall, 3)}})
         summary = inc.summary.replace(", none moved", ", the job's step history, none moved", 1)
         return replace(inc, summary=summary, evidence=inc.evidence + (ev,))
