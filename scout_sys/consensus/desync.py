@@ -162,38 +162,54 @@ def _across_equivalents(job: Job, pg: str, samples: dict[tuple[str, int], Collec
     return out
 
 
-def _differing(job: Job, pg: str, group: dict[int, CollectiveSample],
-               peer_groups: list[tuple[int, ...]]) -> Incident | None:
-    """Rule 1 over the ranks of equivalent groups: the first common position where a strict majority
-    agrees and a minority differs; None when every position agrees or none has a strict majority."""
+def _first_disagreement(group: dict[int, CollectiveSample]
+                        ) -> tuple[int, c3.Vote, dict[int, dict[int, Fingerprint]]] | None:
+    """The first sequence position every rank of ``group`` has seen where their fingerprints do not
+    all agree: (position, the vote there, rank -> seq -> fingerprint); None when all agree."""
     by_seq = {r: {f.seq: f for f in s.recent} for r, s in group.items()}
     common = set.intersection(*(set(m) for m in by_seq.values())) if by_seq else set()
     for pos in sorted(common):
         v = c3.vote({r: by_seq[r][pos].key() for r in group})
-        if v.status == c3.AGREE:
-            continue
-        if v.status != c3.ATTRIBUTED:
-            return None
-        maj = by_seq[v.majority[0]][pos]
-        ev = [_fp_evidence(r, group[r], by_seq[r][pos], "differs") for r in v.minority]
-        ev.append(Evidence("ebpf", f"{ranks_text(v.majority)} {pg}: {maj.describe()}",
-                           data={"group": pg, "ranks": list(v.majority), "fingerprint": maj.to_json()}))
-        groups_text = "; ".join("(" + ", ".join(map(str, g)) + ")" for g in peer_groups)
-        ev.append(Evidence(
-            "ebpf", f"within its peer group one call stands against another (a tie); across the "
-            f"{len(peer_groups)} equivalent peer groups {groups_text}, {len(v.majority)} of {len(group)} ranks "
-            f"called {maj.describe()} at {pg} #{pos}",
-            data={"group": pg, "position": pos, "equivalent_groups": [list(g) for g in peer_groups],
-                  "fingerprints": {str(r): by_seq[r][pos].to_json() for r in sorted(group)}}))
-        diff = "; ".join(f"rank {r}: {by_seq[r][pos].describe()}" for r in v.minority)
-        return Incident(
-            kind=DESYNC, status=ATTRIBUTED, ranks=v.minority,
-            hosts=tuple(sorted({job.host_of(r) for r in v.minority})),
-            since=min(by_seq[r][pos].time for r in v.minority),
-            summary=(f"{ranks_text(v.minority)} called a different collective at {pg} #{pos}: {diff}; "
-                     f"the other {len(v.majority)} ranks of its equivalent groups called {maj.describe()}"),
-            evidence=tuple(ev))
+        if v.status != c3.AGREE:
+            return pos, v, by_seq
     return None
+
+
+def _minority_call(job: Job, pg: str, group: dict[int, CollectiveSample], pos: int, v: c3.Vote,
+                   by_seq: dict[int, dict[int, Fingerprint]], others: str, extra: tuple[Evidence, ...] = ()
+                   ) -> Incident:
+    """Rule 1's verdict: the attributed minority's calls at ``pos`` against the majority's."""
+    maj = by_seq[v.majority[0]][pos]
+    ev = [_fp_evidence(r, group[r], by_seq[r][pos], "differs") for r in v.minority]
+    ev.append(Evidence("ebpf", f"{ranks_text(v.majority)} {pg}: {maj.describe()}",
+                       data={"group": pg, "ranks": list(v.majority), "fingerprint": maj.to_json()}))
+    diff = "; ".join(f"rank {r}: {by_seq[r][pos].describe()}" for r in v.minority)
+    return Incident(
+        kind=DESYNC, status=ATTRIBUTED, ranks=v.minority,
+        hosts=tuple(sorted({job.host_of(r) for r in v.minority})),
+        since=min(by_seq[r][pos].time for r in v.minority),
+        summary=(f"{ranks_text(v.minority)} called a different collective at {pg} #{pos}: {diff}; "
+                 f"the other {len(v.majority)} {others} {maj.describe()}"),
+        evidence=(*ev, *extra))
+
+
+def _differing(job: Job, pg: str, group: dict[int, CollectiveSample],
+               peer_groups: list[tuple[int, ...]]) -> Incident | None:
+    """Rule 1 over the ranks of equivalent groups: the first common position where a strict majority
+    agrees and a minority differs; None when every position agrees or none has a strict majority."""
+    found = _first_disagreement(group)
+    if found is None or found[1].status != c3.ATTRIBUTED:
+        return None
+    pos, v, by_seq = found
+    maj = by_seq[v.majority[0]][pos]
+    groups_text = "; ".join("(" + ", ".join(map(str, g)) + ")" for g in peer_groups)
+    across = Evidence(
+        "ebpf", f"within its peer group one call stands against another (a tie); across the "
+        f"{len(peer_groups)} equivalent peer groups {groups_text}, {len(v.majority)} of {len(group)} ranks "
+        f"called {maj.describe()} at {pg} #{pos}",
+        data={"group": pg, "position": pos, "equivalent_groups": [list(g) for g in peer_groups],
+              "fingerprints": {str(r): by_seq[r][pos].to_json() for r in sorted(group)}})
+    return _minority_call(job, pg, group, pos, v, by_seq, "ranks of its equivalent groups called", (across,))
 
 
 def _fp_evidence(rank: int, s: CollectiveSample, f: Fingerprint | None, note: str = "") -> Evidence:
@@ -210,26 +226,13 @@ def _fp_evidence(rank: int, s: CollectiveSample, f: Fingerprint | None, note: st
 
 def _analyze(job: Job, pg: str, group: dict[int, CollectiveSample], min_wait: float, peers: int) -> list[Incident]:
     hosts = lambda ranks: tuple(sorted({job.host_of(r) for r in ranks}))  # noqa: E731
-    by_seq = {r: {f.seq: f for f in s.recent} for r, s in group.items()}
 
     # Rule 1: the first common position where a minority's fingerprint differs.
-    common = set.intersection(*(set(m) for m in by_seq.values())) if by_seq else set()
-    for pos in sorted(common):
-        v = c3.vote({r: by_seq[r][pos].key() for r in group})
-        if v.status == c3.AGREE:
-            continue
+    found = _first_disagreement(group)
+    if found is not None:
+        pos, v, by_seq = found
         if v.status == c3.ATTRIBUTED:
-            maj = by_seq[v.majority[0]][pos]
-            ev = [_fp_evidence(r, group[r], by_seq[r][pos], "differs") for r in v.minority]
-            ev.append(Evidence("ebpf", f"{ranks_text(v.majority)} {pg}: {maj.describe()}",
-                               data={"group": pg, "ranks": list(v.majority), "fingerprint": maj.to_json()}))
-            diff = "; ".join(f"rank {r}: {by_seq[r][pos].describe()}" for r in v.minority)
-            return [Incident(
-                kind=DESYNC, status=ATTRIBUTED, ranks=v.minority, hosts=hosts(v.minority),
-                since=min(by_seq[r][pos].time for r in v.minority),
-                summary=(f"{ranks_text(v.minority)} called a different collective at {pg} #{pos}: "
-                         f"{diff}; the other {len(v.majority)} called {maj.describe()}"),
-                evidence=tuple(ev))]
+            return [_minority_call(job, pg, group, pos, v, by_seq, "called")]
         if len(group) < peers:
             return []  # a peer whose calls are not seen yet could make the majority: judge it later
         return [Incident(
