@@ -176,7 +176,7 @@ class Monitor:
                     notes.append(f"{p.name}: {h.lost} updates lost (a bounded map was full)")
         return notes
 
-    def collect(self, window: float, *, proc_interval: float = 0.25, stack_interval: float = 0.75) -> list[Observation]:
+    def collect(self, window: float, *, proc_interval: float = 0.25, stack_interval: float = 0.5) -> list[Observation]:
         """Sample every probe over ``window`` seconds; stacks at the start, every
         ``stack_interval`` and at the end; /proc every ``proc_interval``."""
         obs: list[Observation] = []

@@ -111,8 +111,8 @@ def _wait_attached(pid: int, timeout: float = 120) -> int:
 @pytest.mark.ebpf
 @pytest.mark.skipif(ebpf_reason() is not None, reason=f"{ebpf_reason()}")
 def test_diagnose_ebpf_names_who_killed_a_rank(start_job) -> None:
-    """`diagnose --ebpf` with the product's probes: once they attached (their perf event fds stop
-    growing), this test SIGKILLs rank 2 within the window; the exit probe names rank 2, the signal
+    """`diagnose --ebpf` with the product's probes: once it says its window began (every probe
+    attached), this test SIGKILLs rank 2 within the window; the exit probe names rank 2, the signal
     and this test as its sender. torchrun looks every 600 s, so the others stay and wait."""
     job = start_job(4, torchrun_args=["--monitor-interval", "600"])
     job.wait_steps(2)
@@ -120,7 +120,9 @@ def test_diagnose_ebpf_names_who_killed_a_rank(start_job) -> None:
     p = subprocess.Popen([sys.executable, "-m", "scout_sys", "diagnose", "--job", str(job.pid), "--ebpf",
                           "--window", "8", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert _wait_attached(p.pid) > 0 and p.poll() is None, "diagnose --ebpf attached nothing"
+        ready = p.stderr.readline()  # type: ignore[union-attr]
+        assert ready.startswith("scout-sys: probes ready; sampling 4 ranks for 8 s"), ready
+        assert _perf_fds(p.pid) > 0 and p.poll() is None, "diagnose --ebpf attached nothing"
         os.kill(victim, signal.SIGKILL)
         out, err = p.communicate(timeout=120)
     finally:

@@ -139,6 +139,8 @@ def _diagnose(job_sel: str, window: float, *, as_json: bool, native: bool, quiet
     try:
         with Monitor(job, extra_probes=default_probes(ebpf)) as mon:
             mon.wait_started()
+            if ebpf and not quiet:  # compiling took seconds: say when the window itself begins
+                print(f"scout-sys: probes ready; sampling {len(job.ranks)} ranks for {window:g} s", file=sys.stderr)
             d = mon.diagnose(window, native=native)
         if not ebpf:
             d = replace(d, probes={**d.probes, "ebpf": "not requested (--ebpf)"})
