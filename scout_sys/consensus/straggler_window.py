@@ -33,7 +33,8 @@ from scout_sys.model import (
 
 # ---- one window (``diagnose``): the rank the others keep waiting for
 
-WAITED_MIN = 0.5  # share of stack samples in which a strict majority must be found waiting
+WAITED_MIN = 0.4  # share of stack samples in which a strict majority must be found waiting (peers of a
+# rank with 4x the work wait 3/4 of the time: with 7 samples, "more than half" missed one window in 14)
 # A straggler passes through its own collectives too, briefly: a sample may catch it there (at most
 # one in four; never with fewer than four samples).
 SELDOM = 4
