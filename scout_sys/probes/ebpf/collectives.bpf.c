@@ -156,8 +156,11 @@ static inline int record(u32 tgid, u32 lib, u64 group, struct fp *f, int p2p) {
     if (lib == LIB_GLOO && TAG_OFF >= 0) {
         // The group's own collective counter (the tag nextTag() will hand out): equal on every
         // rank at the same position, however late we attached.
+        // A read can fail (a page not resident at that instant): then the position after the
+        // last one this group had, not the calls since attach, which a late attach undercounts.
         u32 tag = 0;
         if (bpf_probe_read_user(&tag, 4, (void *)(group + TAG_OFF)) == 0) seq = (u64)tag + 1;
+        else if (g->seq) seq = g->seq + 1;
     }
     g->seq = seq;
     f->seq = seq;
