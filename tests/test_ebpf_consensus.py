@@ -56,6 +56,19 @@ def test_other_size_is_named() -> None:
     assert inc.ranks == (3,) and "4153" in inc.summary
 
 
+def test_a_tensor_the_probe_could_not_read_is_unknown_not_different() -> None:
+    # rank 1's tensor was not readable when it entered #7 (count, dtype, redop None: seen on a healthy
+    # job while rank 0 wrote a checkpoint): its call is compared by what was read, the op
+    unread = Fingerprint(seq=7, op="allreduce", time=17.0)
+    obs = [sample(r, [ar(s) for s in range(5, 9)]) for r in (0, 2, 3)]
+    obs.append(sample(1, [ar(5), ar(6), unread, ar(8)]))
+    assert desync.analyze(job(4), obs) == []
+    # a different op on the unread rank is still named
+    obs[-1] = sample(1, [ar(5), ar(6), Fingerprint(seq=7, op="broadcast", time=17.0), ar(8)])
+    (inc,) = desync.analyze(job(4), obs)
+    assert inc.ranks == (1,) and "#7 broadcast" in inc.summary
+
+
 def test_no_majority_is_inconclusive() -> None:
     obs = [sample(0, [ar(1)]), sample(1, [ar(1, count=2)]), sample(2, [ar(1, count=3)]), sample(3, [ar(1, count=4)])]
     (inc,) = desync.analyze(job(4), obs)

@@ -169,7 +169,14 @@ def _first_disagreement(group: dict[int, CollectiveSample]
     by_seq = {r: {f.seq: f for f in s.recent} for r, s in group.items()}
     common = set.intersection(*(set(m) for m in by_seq.values())) if by_seq else set()
     for pos in sorted(common):
-        v = c3.vote({r: by_seq[r][pos].key() for r in group})
+        keys = {r: by_seq[r][pos].key() for r in group}
+        # A field the probe could not read on some rank (None: its memory was not readable at that
+        # instant, e.g. paged out during a checkpoint write) is compared on no rank at this position:
+        # unknown is not different. The op is always read.
+        known = [i for i in range(len(next(iter(keys.values())))) if all(k[i] is not None for k in keys.values())]
+        if len(known) < len(next(iter(keys.values()))):
+            keys = {r: tuple(k[i] for i in known) for r, k in keys.items()}
+        v = c3.vote(keys)
         if v.status != c3.AGREE:
             return pos, v, by_seq
     return None
