@@ -31,6 +31,7 @@ from scout_sys.cluster.beat import LocalWatch
 from scout_sys.cluster.store import Store
 from scout_sys.errors import BadToken, ScoutError, StoreUnreachable
 from scout_sys.model import Job, ProcSample
+from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.restart import GRACE
 
 HEARTBEAT_EVERY = 1.0
@@ -49,18 +50,19 @@ def _say(text: str) -> None:
 
 class Agent:
     def __init__(self, selector: str, store: tuple[str, int], *, nnodes: int, node_rank: int | None, token: bytes,
-                 host_name: str, ebpf: bool = True, topology: str | None = None, listen: str | None = None,
-                 say: Callable[[str], None] = _say, clock: Callable[[], float] = time.time) -> None:
+                 host_name: str, listen: str | None = None, config: WatchConfig | None = None,
+                 say: Callable[[str], None] = _say, clock: Callable[[], float] = time.time, **settings: Any) -> None:
         """``node_rank`` None: the node rank of this host's ranks (torchrun's GROUP_RANK), once found.
         ``listen``: the address the leader binds when others reach it by another one (behind a
-        Kubernetes Service: the pod's address, or 0.0.0.0); default the store's host."""
+        Kubernetes Service: the pod's address, or 0.0.0.0); default the store's host. ``config``: the
+        watch's settings the agent reads (ebpf, topology); ``settings``: some of them one by one."""
         if nnodes < 1 or (node_rank is not None and not 0 <= node_rank < nnodes):
             raise ScoutError(f"--node-rank {node_rank} is not within --nnodes {nnodes}")
         self.selector, self.host, self.port = selector, store[0], store[1]
         self.listen = listen or self.host
         self.nnodes, self.node = nnodes, node_rank
         self.token, self.name = token, host_name
-        self.ebpf, self.topology = ebpf, topology
+        self.config = (config or WatchConfig()).with_settings(settings)
         self.say, self.clock = say, clock
         self.store: Store | None = None
         self.nonce: str | None = None
@@ -146,7 +148,7 @@ class Agent:
         from scout_sys.monitor import Monitor, default_probes
 
         try:
-            job = find_job(self.selector, self.topology)
+            job = find_job(self.selector, self.config.topology)
         except ScoutError as e:
             if self.job is None and self.job_error != str(e):
                 self.say(f"no ranks to watch yet: {e}")
@@ -166,7 +168,7 @@ class Agent:
             self.monitor.close()
         self.job, self.job_error = job, None
         self.local.forget()
-        self.monitor = Monitor(job, extra_probes=default_probes(self.ebpf))
+        self.monitor = Monitor(job, extra_probes=default_probes(self.config.ebpf))
         self.monitor.start()
         self.say(f"watching {len(job.ranks)} ranks ({', '.join(str(r.rank) for r in job.ranks)}) of "
                  f"{job.world_size} as {self.name}")

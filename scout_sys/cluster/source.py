@@ -35,6 +35,7 @@ from scout_sys.errors import ScoutError, StoreUnreachable
 from scout_sys.exporters import feed
 from scout_sys.model import Diagnosis, Event, Evidence, Incident, Job, ProcSample, Rank, RankView, Snapshot
 from scout_sys.watch import HANG_KINDS, bundle
+from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.views import Views
 
 WAITING = "waiting for the agents' heartbeats…"
@@ -83,14 +84,15 @@ class ClusterSource(ClusterWatcher):
 
     live = True
 
-    def __init__(self, connect: Callable[[], Client], *, store: str, state_dir: str | None = None,
+    def __init__(self, connect: Callable[[], Client], config: WatchConfig | None = None, *, store: str,
                  say: Callable[[str], None] = lambda _t: None, **kw: Any) -> None:
-        """``store``: HOST:PORT, for people; ``kw``: ClusterWatcher's (stall_after, interval, clock)."""
+        """``store``: HOST:PORT, for people; ``config`` and ``kw``: ClusterWatcher's (its settings, clock);
+        bundles go under ``config.state_dir``."""
         self._src_outer_say = say
         self._src_said: deque[str] = deque(maxlen=10)
-        super().__init__(lambda: _Tap(connect()), say=self._src_say, **kw)
+        super().__init__(lambda: _Tap(connect()), config, say=self._src_say, **kw)
         self.store_name = store
-        self.state_dir = state_dir or bundle.default_state_dir()
+        self.state_dir = self.config.state_dir or bundle.default_state_dir()
         self.started = self.clock()
         self.snapshot: Snapshot | None = None
         self.waiting: str | None = WAITING

@@ -28,6 +28,7 @@ from scout_sys.cluster.wire import RankBeat, beat_ranks, beat_stalls, beats_from
 from scout_sys.errors import BadToken, ScoutError, StoreUnreachable
 from scout_sys.model import Diagnosis, Event
 from scout_sys.watch import HANG_KINDS
+from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch, with_trigger
 from scout_sys.watch.incidents import IncidentBook
 from scout_sys.watch.progress import majority_of
@@ -67,13 +68,17 @@ class Seen:
 
 
 class ClusterWatcher:
-    def __init__(self, connect: Callable[[], Client], *, stall_after: float | None = None, interval: float = 1.0,
-                 clock: Callable[[], float] = time.time, say: Callable[[str], None] = lambda _t: None) -> None:
-        """``connect``: a new client of the store (called again after the store was unreachable)."""
-        self.connect, self.clock, self.interval, self.say = connect, clock, interval, say
+    def __init__(self, connect: Callable[[], Client], config: WatchConfig | None = None, *,
+                 clock: Callable[[], float] = time.time, say: Callable[[str], None] = lambda _t: None,
+                 **settings: Any) -> None:
+        """``connect``: a new client of the store (called again after the store was unreachable);
+        ``config``: the watch's settings this one reads (interval, stall_after, state_dir), the default
+        interval 1 s; ``settings``: some of them given one by one, over ``config``."""
+        self.config = (config or WatchConfig(interval=1.0)).with_settings(settings)
+        self.connect, self.clock, self.say = connect, clock, say
         self.client: Client | None = None
         self._unreachable = False
-        self.hang = HangWatch(stall_after)
+        self.hang = HangWatch(self.config.stall_after)
         self.book = IncidentBook()
         self.last: Diagnosis | None = None
         self.cluster: dict[str, Any] = {}
@@ -85,6 +90,10 @@ class ClusterWatcher:
     @property
     def stall_after(self) -> float:
         return self.hang.stall_after
+
+    @property
+    def interval(self) -> float:
+        return self.config.interval
 
     @property
     def ranks(self) -> dict[int, Seen]:
