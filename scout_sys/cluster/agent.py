@@ -5,7 +5,7 @@ agent then, each poll:
 
 - samples its ranks as ``watch`` does each poll (cluster/beat.py: /proc, eBPF, a rotating stack
   sample, the same progress signals) and publishes a heartbeat: a sealed key with its time, its host
-  name and one compact entry per rank (wire.RankBeat: state, main-thread pause, seconds since last
+  name and one compact entry per rank (heartbeat.RankBeat: state, main-thread pause, seconds since last
   seen progressing and by which signal, place and stack hash, collective sequence numbers, step
   time) — bytes per rank, not stacks;
 - looks for window requests (``diagnose --cluster``): it samples its ranks for the window with the
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from scout_sys.cluster import wire
+from scout_sys.cluster import heartbeat, wire
 from scout_sys.cluster.beat import LocalWatch
 from scout_sys.cluster.store import Store
 from scout_sys.errors import BadToken, ScoutError, StoreUnreachable
@@ -210,20 +210,21 @@ class Agent:
         assert self.store is not None and self.nonce is not None
         self._last_hb = now
         self._seq += 1
-        body = {"node": self.node, "host": self.name, "time": now, "seq": self._seq, **self._beats(now),
-                "world_size": self.job.world_size if self.job else None, "error": self.job_error,
-                "forged": self._forged, "busy_for": busy_for,
-                "missing": list(self.job.missing) if self.job else [],
-                "settling": bool(self.monitor is not None and self.monitor.settling)}
+        assert self.node is not None
+        body = heartbeat.encode(heartbeat.Heartbeat(
+            node=self.node, host=self.name, time=now, seq=self._seq, body=self._beats(now),
+            world_size=self.job.world_size if self.job else None, error=self.job_error, forged=self._forged,
+            busy_for=busy_for, missing=self.job.missing if self.job else (),
+            settling=bool(self.monitor is not None and self.monitor.settling)))
         self.store.set(wire.hb_key(self.node), wire.seal(self.token, wire.hb_key(self.node), self.nonce, body))
 
     def _beats(self, now: float) -> dict[str, Any]:
-        """The heartbeat's per-rank part (wire.beats_to_json): one cheap sample of the ranks, as a poll
-        of ``watch`` takes it, and what it says of each rank."""
+        """The heartbeat's per-rank part (heartbeat.encode_ranks): one cheap sample of the ranks, as a
+        poll of ``watch`` takes it, and what it says of each rank."""
         if self.monitor is None:
-            return wire.beats_to_json(())
+            return heartbeat.encode_ranks(())
         self._procs = self.local.sample(self.monitor, now)
-        return wire.beats_to_json(self.local.beats(self._procs, now))
+        return heartbeat.encode_ranks(self.local.beats(self._procs, now))
 
     def _serve(self) -> None:
         """Answer the window requests that arrived since the last poll (one window answers all)."""
