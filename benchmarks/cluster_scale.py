@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from benchmarks.consensus_scale import T0, observations  # noqa: E402
-from scout_sys.cluster import wire  # noqa: E402
+from scout_sys.cluster import heartbeat, wire  # noqa: E402
 from scout_sys.cluster.agent import Agent  # noqa: E402
 from scout_sys.cluster.merge import ANSWERED, AgentState, decide, merge_job  # noqa: E402
 from scout_sys.consensus import hang  # noqa: E402
@@ -58,13 +58,13 @@ class SimAgent(Agent):
         """What a real agent's heartbeat carries for ranks of an 8-GPU host in the GPU shape: running,
         seen progressing by eBPF's sequence numbers on two process groups, a step time, two places."""
         assert self.job is not None
-        return wire.beats_to_json(
-            wire.RankBeat(rank=r.rank, pid=r.pid, state="running", stall=0.4, signal="collectives",
-                          where=f"train.py:{151 if r.local_rank % 4 else 78} "
-                                + ("wait_for_buckets (in distributed_c10d.py:3012 is_completed)"
-                                   if r.local_rank % 4 else "load_next_batch"),
-                          stack="0a1b2c3d" if r.local_rank % 4 else "ffee0011",
-                          seqs=(("nccl:0", 120_345), ("nccl:1", 4_012)), step=0.3125)
+        return heartbeat.encode_ranks(
+            heartbeat.RankBeat(rank=r.rank, pid=r.pid, state="running", stall=0.4, signal="collectives",
+                               where=f"train.py:{151 if r.local_rank % 4 else 78} "
+                                     + ("wait_for_buckets (in distributed_c10d.py:3012 is_completed)"
+                                        if r.local_rank % 4 else "load_next_batch"),
+                               stack="0a1b2c3d" if r.local_rank % 4 else "ffee0011",
+                               seqs=(("nccl:0", 120_345), ("nccl:1", 4_012)), step=0.3125)
             for r in self.job.ranks)
 
     def _window(self, window: float) -> dict[str, Any]:

@@ -30,6 +30,10 @@ HARDWARE = "hardware"
 ATTRIBUTED = "attributed"
 INCONCLUSIVE = "inconclusive"
 
+# The signals by which a rank is seen progressing (watch/progress.py), named in incidents' "trigger"
+# and carried by heartbeats (cluster/heartbeat.py): here, where both read them.
+COLLECTIVES, MAIN_THREAD, STACK = "collectives", "main thread", "stack"
+
 
 # --------------------------------------------------------------------------- the job
 

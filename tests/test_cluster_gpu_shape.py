@@ -13,6 +13,7 @@ import pytest
 
 from scout_sys.cluster import wire
 from scout_sys.cluster.client import ClusterClient
+from scout_sys.cluster.heartbeat import RankBeat
 from scout_sys.watch.progress import STACK
 from tests.test_cluster import Stream, cluster  # noqa: F401 - the fixture
 
@@ -20,14 +21,14 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="agents read the ranks' stacks (py-spy): run as root")]
 
 
-def _beats(c, pred, timeout: float = 60.0) -> dict[int, wire.RankBeat]:
+def _beats(c, pred, timeout: float = 60.0) -> dict[int, RankBeat]:
     """The ranks' beats as the agents publish them, once ``pred`` holds."""
     host, port = c.store.split(":")
     client = ClusterClient((host, int(port)), wire.read_token(str(c.token)))
     try:
         end = time.time() + timeout
         while True:
-            beats = {b.rank: b for hb, _ in client.heartbeats().values() if hb for b in wire.beats_from_json(hb)}
+            beats = {b.rank: b for hb, _ in client.heartbeats().values() if hb for b in hb.beats}
             if pred(beats):
                 return beats
             assert time.time() < end, f"heartbeats never showed it: {beats}"

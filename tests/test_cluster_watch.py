@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from scout_sys.cluster import wire
+from scout_sys.cluster import heartbeat
+from scout_sys.cluster.heartbeat import RankBeat
 from scout_sys.cluster.watch import LOST_AFTER, ClusterWatcher
-from scout_sys.cluster.wire import RankBeat
 from scout_sys.model import ATTRIBUTED, HANG, PROCESS_STALL, Diagnosis, Incident, Job
 from scout_sys.watch.hang import MIN_GAPS, MIN_STALL_AFTER
 from scout_sys.watch.progress import STACK
@@ -29,9 +29,9 @@ class Script:
         self.windows = 0
 
     def heartbeats(self):
-        return {n: ({"host": "ab"[n], "seq": self.seq[n], "time": self.now,
-                     "ranks": [{"r": r, "s": self.status[r], "p": 0.1} for r in (2 * n, 2 * n + 1)]}, "")
-                for n in (0, 1)}
+        return {n: (heartbeat.decode({"host": "ab"[n], "seq": self.seq[n], "time": self.now,
+                                      "ranks": [{"r": r, "s": self.status[r], "p": 0.1} for r in (2 * n, 2 * n + 1)]}),
+                    "") for n in (0, 1)}
 
     def diagnose(self, window: float):
         self.windows += 1
@@ -100,7 +100,8 @@ class SpinScript(Script):
         for n in (0, 1):
             beats = [RankBeat(rank=r, pid=100 + r, state="running", pause=0.0, stall=self.stall[r], signal=self.signal,
                               where="train.py:151 wait_for_buckets", stack="0a1b2c3d") for r in (2 * n, 2 * n + 1)]
-            out[n] = ({"host": "ab"[n], "seq": self.seq[n], "time": self.now, **wire.beats_to_json(beats)}, "")
+            out[n] = (heartbeat.decode({"host": "ab"[n], "seq": self.seq[n], "time": self.now,
+                                        **heartbeat.encode_ranks(beats)}), "")
         return out
 
 
@@ -213,7 +214,7 @@ def test_an_agent_busy_with_a_window_it_announced_does_not_age_its_ranks():
     real = s.heartbeats
 
     def busy():  # both agents announced a 10 s window and have not beaten since
-        return {n: ({**hb, "busy_for": 10.0}, p) for n, (hb, p) in real().items()}
+        return {n: (heartbeat.decode({**hb.body, "busy_for": 10.0}), p) for n, (hb, p) in real().items()}
 
     s.heartbeats = busy
     for _ in range(8):

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from scout_sys.cluster import wire
+from scout_sys.cluster import heartbeat, wire
+from scout_sys.cluster.heartbeat import RankBeat
 from scout_sys.cluster.merge import ANSWERED, AgentState, Answer, decide
 from scout_sys.consensus import hang
 from scout_sys.errors import BadToken
@@ -119,27 +120,32 @@ def test_a_rank_missing_on_another_host_is_named_with_that_host():
 
 
 def test_heartbeat_beats_round_trip_compact_and_read_version_1():
-    beats = [wire.RankBeat(rank=r, pid=4000 + r, state="running", pause=0.0, stall=7.25 if r == 3 else 0.5,
-                           signal="collectives", where="train.py:151 wait_for_buckets (in work.py:20 is_completed)",
-                           stack="0a1b2c3d", seqs=(("gloo:0", 1200 + r), ("gloo:1", 7)), step=0.0512)
+    beats = [RankBeat(rank=r, pid=4000 + r, state="running", pause=0.0, stall=7.25 if r == 3 else 0.5,
+                      signal="collectives", where="train.py:151 wait_for_buckets (in work.py:20 is_completed)",
+                      stack="0a1b2c3d", seqs=(("gloo:0", 1200 + r), ("gloo:1", 7)), step=0.0512)
              for r in range(8)]
-    beats[3] = wire.RankBeat(rank=3, pid=4003, state="stopped", pause=9.0, stall=9.0, signal="main thread", dead=True,
-                             where="train.py:78 load_next_batch", stack="ffee0011")
-    body = json.loads(json.dumps(wire.beats_to_json(beats)))
-    assert body["v"] == wire.HB_VERSION and len(body["places"]) == 2  # each distinct place once
-    back = wire.beats_from_json(body)
-    assert [b.rank for b in back] == list(range(8))
-    assert back[3] == beats[3]
-    assert back[0] == beats[0]
-    assert wire.beat_ranks(body) == list(range(8))
-    assert wire.beat_stalls(body)[3] == (3, 9.0, "main thread", True)
+    beats[3] = RankBeat(rank=3, pid=4003, state="stopped", pause=9.0, stall=9.0, signal="main thread", dead=True,
+                        where="train.py:78 load_next_batch", stack="ffee0011")
+    part = json.loads(json.dumps(heartbeat.encode_ranks(beats)))
+    assert part["v"] == heartbeat.HB_VERSION and len(part["places"]) == 2  # each distinct place once
+    hb = heartbeat.Heartbeat(node=1, host="b", time=T0, seq=4, world_size=8, missing=(9,), busy_for=3.0, body=part)
+    sent = heartbeat.encode(hb)
+    back = heartbeat.decode(json.loads(json.dumps({**sent, "nonce": "n1"})))  # as unseal gives it
+    assert back == hb and dict(back.body) == sent  # the body less the envelope's nonce (a bundle keeps it)
+    assert [b.rank for b in back.beats] == list(range(8))
+    assert back.beats[3] == beats[3]
+    assert back.beats[0] == beats[0]
+    assert back.ranks() == list(range(8))
+    assert back.stalls()[3] == (3, 9.0, "main thread", True)
     # bounded: about 50 bytes a rank of JSON with two groups' sequence numbers, tables included
-    assert len(json.dumps(body, separators=(",", ":"))) / 8 < 70
-    many = wire.beats_to_json([wire.RankBeat(rank=0, where="x" * 500, seqs=tuple((f"g{i:02}", i) for i in range(40)))])
-    assert len(many["places"][0][1]) == wire.MAX_WHERE and len(many["groups"]) == wire.MAX_GROUPS
-    assert wire.beats_from_json(many)[0].seqs == tuple((f"g{i:02}", i) for i in range(wire.MAX_GROUPS))
+    assert len(json.dumps(part, separators=(",", ":"))) / 8 < 70
+    many = heartbeat.encode_ranks([RankBeat(rank=0, where="x" * 500, seqs=tuple((f"g{i:02}", i) for i in range(40)))])
+    assert len(many["places"][0][1]) == heartbeat.MAX_WHERE and len(many["groups"]) == heartbeat.MAX_GROUPS
+    assert heartbeat.decode(many).beats[0].seqs == tuple((f"g{i:02}", i) for i in range(heartbeat.MAX_GROUPS))
     # an agent of version 1 sends state and pause only: its pause is the stall, its state says dead
-    old = wire.beats_from_json({"ranks": [{"r": 2, "pid": 9, "s": "stopped", "p": 4.5}, {"r": 5, "s": "sleeping", "p": 1}]})
-    assert [(b.rank, b.stall, b.signal, b.dead) for b in old] == [(2, 4.5, "main thread", True),
-                                                                    (5, 1.0, "main thread", False)]
-    assert wire.beat_ranks({"ranks": [{"r": 2, "s": "sleeping"}]}) == [2]
+    old = heartbeat.decode({"node": 0, "ranks": [{"r": 2, "pid": 9, "s": "stopped", "p": 4.5},
+                                                 {"r": 5, "s": "sleeping", "p": 1}]})
+    assert [(b.rank, b.stall, b.signal, b.dead) for b in old.beats] == [(2, 4.5, "main thread", True),
+                                                                        (5, 1.0, "main thread", False)]
+    assert old.stalls() == [(2, 4.5, "main thread", True), (5, 1.0, "main thread", False)]
+    assert heartbeat.decode({"ranks": [{"r": 2, "s": "sleeping"}]}).ranks() == [2]

@@ -62,13 +62,14 @@ def _agent(args: argparse.Namespace) -> int:
     from scout_sys.cluster.agent import Agent
     from scout_sys.cluster.store import parse_addr
     from scout_sys.cluster.wire import read_token
+    from scout_sys.watch.config import WatchConfig
 
     if args.node_rank != "auto" and not args.node_rank.isdigit():
         raise ScoutError(f"--node-rank {args.node_rank!r}: a number 0..N-1, or auto")
     agent = Agent(args.job, parse_addr(args.store), nnodes=args.nnodes,
                   node_rank=None if args.node_rank == "auto" else int(args.node_rank),
                   token=read_token(args.token_file), host_name=args.host_name or socket.gethostname(),
-                  ebpf=args.ebpf, topology=args.topology, listen=args.listen)
+                  listen=args.listen, config=WatchConfig(ebpf=args.ebpf, topology=args.topology))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -117,6 +118,7 @@ def _watch_cluster(args: argparse.Namespace) -> int:
     from scout_sys.cluster.source import ClusterSource
     from scout_sys.cluster.store import parse_addr
     from scout_sys.cluster.wire import read_token
+    from scout_sys.watch.config import WatchConfig
 
     if not args.cluster or not args.token_file or args.job or args.report:
         raise ScoutError("watch --cluster needs HOST:PORT and --token-file FILE, and no --job / --report")
@@ -131,8 +133,9 @@ def _watch_cluster(args: argparse.Namespace) -> int:
     except BaseException:
         first.close()
         raise
-    source = ClusterSource(lambda: next(clients, None) or ClusterClient(addr, token), store=args.cluster,
-                           state_dir=args.state_dir, stall_after=args.stall_after, interval=max(args.interval, 1.0),
+    # the probe options are the agents': the watch here reads its stall-after, interval and state folder
+    config = WatchConfig(interval=max(args.interval, 1.0), stall_after=args.stall_after, state_dir=args.state_dir)
+    source = ClusterSource(lambda: next(clients, None) or ClusterClient(addr, token), config, store=args.cluster,
                            say=held.append if dashboard else lambda t: print(f"scout-sys: {t}", file=sys.stderr,
                                                                                flush=True))
     stop = threading.Event()

@@ -194,10 +194,9 @@ def _emitter(args: argparse.Namespace, *, hosts: bool = False) -> Callable[[Any]
 def _watch(args: argparse.Namespace) -> int:
     from scout_sys.model import Job
     from scout_sys.watch import Watcher
+    from scout_sys.watch.config import WatchConfig
 
-    if args.interval <= 0 or any(v is not None and v <= 0 for v in (args.stall_after, args.wait_ranks,
-                                                                    args.replay_every)):
-        raise ScoutError("--interval, --stall-after, --wait-ranks and --replay-every must be positive")
+    config = WatchConfig.from_args(args)  # checks the values first: exit 2 before anything starts
     if bool(args.job) == bool(args.report):
         raise ScoutError("watch needs exactly one of --job SEL (a live job) or --report FILE (a saved report)")
     if args.report:
@@ -206,9 +205,7 @@ def _watch(args: argparse.Namespace) -> int:
 
         return run_dashboard(ReportSource(args.report))
     dashboard, held, sinks = _front_ends(args)
-    watcher = Watcher(args.job, interval=args.interval, stall_after=args.stall_after, state_dir=args.state_dir,
-                      ebpf=args.ebpf, topology=args.topology, wait_ranks=args.wait_ranks, replay=args.replay,
-                      replay_every=args.replay_every)
+    watcher = Watcher(args.job, config)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

@@ -5,7 +5,7 @@ agent then, each poll:
 
 - samples its ranks as ``watch`` does each poll (cluster/beat.py: /proc, eBPF, a rotating stack
   sample, the same progress signals) and publishes a heartbeat: a sealed key with its time, its host
-  name and one compact entry per rank (wire.RankBeat: state, main-thread pause, seconds since last
+  name and one compact entry per rank (heartbeat.RankBeat: state, main-thread pause, seconds since last
   seen progressing and by which signal, place and stack hash, collective sequence numbers, step
   time) — bytes per rank, not stacks;
 - looks for window requests (``diagnose --cluster``): it samples its ranks for the window with the
@@ -26,11 +26,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from scout_sys.cluster import wire
+from scout_sys.cluster import heartbeat, wire
 from scout_sys.cluster.beat import LocalWatch
 from scout_sys.cluster.store import Store
 from scout_sys.errors import BadToken, ScoutError, StoreUnreachable
 from scout_sys.model import Job, ProcSample
+from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.restart import GRACE
 
 HEARTBEAT_EVERY = 1.0
@@ -49,18 +50,19 @@ def _say(text: str) -> None:
 
 class Agent:
     def __init__(self, selector: str, store: tuple[str, int], *, nnodes: int, node_rank: int | None, token: bytes,
-                 host_name: str, ebpf: bool = True, topology: str | None = None, listen: str | None = None,
-                 say: Callable[[str], None] = _say, clock: Callable[[], float] = time.time) -> None:
+                 host_name: str, listen: str | None = None, config: WatchConfig | None = None,
+                 say: Callable[[str], None] = _say, clock: Callable[[], float] = time.time, **settings: Any) -> None:
         """``node_rank`` None: the node rank of this host's ranks (torchrun's GROUP_RANK), once found.
         ``listen``: the address the leader binds when others reach it by another one (behind a
-        Kubernetes Service: the pod's address, or 0.0.0.0); default the store's host."""
+        Kubernetes Service: the pod's address, or 0.0.0.0); default the store's host. ``config``: the
+        watch's settings the agent reads (ebpf, topology); ``settings``: some of them one by one."""
         if nnodes < 1 or (node_rank is not None and not 0 <= node_rank < nnodes):
             raise ScoutError(f"--node-rank {node_rank} is not within --nnodes {nnodes}")
         self.selector, self.host, self.port = selector, store[0], store[1]
         self.listen = listen or self.host
         self.nnodes, self.node = nnodes, node_rank
         self.token, self.name = token, host_name
-        self.ebpf, self.topology = ebpf, topology
+        self.config = (config or WatchConfig()).with_settings(settings)
         self.say, self.clock = say, clock
         self.store: Store | None = None
         self.nonce: str | None = None
@@ -146,7 +148,7 @@ class Agent:
         from scout_sys.monitor import Monitor, default_probes
 
         try:
-            job = find_job(self.selector, self.topology)
+            job = find_job(self.selector, self.config.topology)
         except ScoutError as e:
             if self.job is None and self.job_error != str(e):
                 self.say(f"no ranks to watch yet: {e}")
@@ -166,7 +168,7 @@ class Agent:
             self.monitor.close()
         self.job, self.job_error = job, None
         self.local.forget()
-        self.monitor = Monitor(job, extra_probes=default_probes(self.ebpf))
+        self.monitor = Monitor(job, extra_probes=default_probes(self.config.ebpf))
         self.monitor.start()
         self.say(f"watching {len(job.ranks)} ranks ({', '.join(str(r.rank) for r in job.ranks)}) of "
                  f"{job.world_size} as {self.name}")
@@ -208,20 +210,21 @@ class Agent:
         assert self.store is not None and self.nonce is not None
         self._last_hb = now
         self._seq += 1
-        body = {"node": self.node, "host": self.name, "time": now, "seq": self._seq, **self._beats(now),
-                "world_size": self.job.world_size if self.job else None, "error": self.job_error,
-                "forged": self._forged, "busy_for": busy_for,
-                "missing": list(self.job.missing) if self.job else [],
-                "settling": bool(self.monitor is not None and self.monitor.settling)}
+        assert self.node is not None
+        body = heartbeat.encode(heartbeat.Heartbeat(
+            node=self.node, host=self.name, time=now, seq=self._seq, body=self._beats(now),
+            world_size=self.job.world_size if self.job else None, error=self.job_error, forged=self._forged,
+            busy_for=busy_for, missing=self.job.missing if self.job else (),
+            settling=bool(self.monitor is not None and self.monitor.settling)))
         self.store.set(wire.hb_key(self.node), wire.seal(self.token, wire.hb_key(self.node), self.nonce, body))
 
     def _beats(self, now: float) -> dict[str, Any]:
-        """The heartbeat's per-rank part (wire.beats_to_json): one cheap sample of the ranks, as a poll
-        of ``watch`` takes it, and what it says of each rank."""
+        """The heartbeat's per-rank part (heartbeat.encode_ranks): one cheap sample of the ranks, as a
+        poll of ``watch`` takes it, and what it says of each rank."""
         if self.monitor is None:
-            return wire.beats_to_json(())
+            return heartbeat.encode_ranks(())
         self._procs = self.local.sample(self.monitor, now)
-        return wire.beats_to_json(self.local.beats(self._procs, now))
+        return heartbeat.encode_ranks(self.local.beats(self._procs, now))
 
     def _serve(self) -> None:
         """Answer the window requests that arrived since the last poll (one window answers all)."""

@@ -1,5 +1,5 @@
 """The agent's own watch between two windows: the parts of ``watch`` (watch/sample.py,
-watch/progress.py, watch/views.py), summed up as one :class:`~scout_sys.cluster.wire.RankBeat` per
+watch/progress.py, watch/views.py), summed up as one :class:`~scout_sys.cluster.heartbeat.RankBeat` per
 rank for the heartbeat.
 
 Every heartbeat the agent samples its ranks as ``watch`` does each poll: /proc for every rank, the
@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from scout_sys.cluster.wire import RankBeat
+from scout_sys.cluster.heartbeat import RankBeat
 from scout_sys.consensus import straggler
 from scout_sys.model import (
     CollectiveSample,

@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from scout_sys.cluster import wire
+from scout_sys.cluster import heartbeat, wire
+from scout_sys.cluster.heartbeat import Heartbeat
 from scout_sys.cluster.merge import ANSWERED, AgentState, Answer, decide
 from scout_sys.cluster.store import Store
 from scout_sys.errors import BadToken, ScoutError
@@ -45,9 +46,9 @@ class ClusterClient:
         self.nnodes = int(run.get("nnodes", 1))
         self.last_answers: dict[int, Answer] = {}  # the last window's verified answers (evidence bundles)
 
-    def heartbeats(self) -> dict[int, tuple[dict[str, Any] | None, str]]:
+    def heartbeats(self) -> dict[int, tuple[Heartbeat | None, str]]:
         """node -> (its last verified heartbeat or None, what is wrong with it or "")."""
-        out: dict[int, tuple[dict[str, Any] | None, str]] = {}
+        out: dict[int, tuple[Heartbeat | None, str]] = {}
         for node in range(self.nnodes):
             key = wire.hb_key(node)
             raw = self.store.get(key)
@@ -55,7 +56,7 @@ class ClusterClient:
                 out[node] = (None, "never reported")
                 continue
             try:
-                out[node] = (wire.unseal(self.token, key, raw, self.nonce), "")
+                out[node] = (heartbeat.decode(wire.unseal(self.token, key, raw, self.nonce)), "")
             except wire.Stale:
                 out[node] = (None, "not reported since the leader restarted")
             except wire.Forged as e:
@@ -97,9 +98,9 @@ class ClusterClient:
         ws = 0
         for node in range(self.nnodes):
             hb, hb_problem = beats[node]
-            host = (answers[node].host if node in answers else (hb or {}).get("host")) or "?"
-            ranks = tuple(wire.beat_ranks(hb or {}))
-            ws = max(ws, int((hb or {}).get("world_size") or 0))
+            host = (answers[node].host if node in answers else hb.host if hb else None) or "?"
+            ranks = tuple(hb.ranks()) if hb else ()
+            ws = max(ws, (hb.world_size or 0) if hb else 0)
             a = answers.get(node)
             if a is not None and a.error is None:
                 states.append(AgentState(node, host, ANSWERED, ranks=tuple(sorted(a.acts))))
@@ -108,7 +109,7 @@ class ClusterClient:
             else:
                 state, detail = problems.get(node, ("no answer", f"no answer within {window + ANSWER_GRACE:g} s"))
                 if hb is not None:
-                    detail += f"; last heartbeat {max(0.0, self.clock() - float(hb['time'])):.0f} s ago"
+                    detail += f"; last heartbeat {max(0.0, self.clock() - hb.time):.0f} s ago"
                 elif hb_problem:
                     detail += f"; {hb_problem}"
                 states.append(AgentState(node, host, state, detail, ranks))

@@ -28,6 +28,7 @@ from typing import Any
 
 from scout_sys.cluster import wire
 from scout_sys.cluster.client import to_json
+from scout_sys.cluster.heartbeat import Heartbeat, RankBeat
 from scout_sys.cluster.merge import Answer
 from scout_sys.cluster.watch import AgentEvent, Client, ClusterWatcher
 from scout_sys.consensus import hardware
@@ -35,17 +36,12 @@ from scout_sys.errors import ScoutError, StoreUnreachable
 from scout_sys.exporters import feed
 from scout_sys.model import Diagnosis, Event, Evidence, Incident, Job, ProcSample, Rank, RankView, Snapshot
 from scout_sys.watch import HANG_KINDS, bundle
+from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.views import Views
 
 WAITING = "waiting for the agents' heartbeats…"
 NO_AGENT = "(no agent)"  # the grid's group for ranks no agent reports
-Beats = Mapping[int, tuple[dict[str, Any] | None, str]]
-
-
-def rank_beats(hb: Mapping[str, Any]) -> list[wire.RankBeat]:
-    """The ranks of a heartbeat body (any version: :func:`~scout_sys.cluster.wire.beats_from_json`):
-    the one place this module decodes heartbeats."""
-    return wire.beats_from_json(hb)
+Beats = Mapping[int, tuple[Heartbeat | None, str]]
 
 
 class _Tap:
@@ -59,7 +55,7 @@ class _Tap:
     def __getattr__(self, name: str) -> Any:  # the rest of the client, as it is
         return getattr(self.inner, name)
 
-    def heartbeats(self) -> dict[int, tuple[dict[str, Any] | None, str]]:
+    def heartbeats(self) -> dict[int, tuple[Heartbeat | None, str]]:
         beats = self.inner.heartbeats()
         self.beats = beats
         return beats
@@ -83,14 +79,15 @@ class ClusterSource(ClusterWatcher):
 
     live = True
 
-    def __init__(self, connect: Callable[[], Client], *, store: str, state_dir: str | None = None,
+    def __init__(self, connect: Callable[[], Client], config: WatchConfig | None = None, *, store: str,
                  say: Callable[[str], None] = lambda _t: None, **kw: Any) -> None:
-        """``store``: HOST:PORT, for people; ``kw``: ClusterWatcher's (stall_after, interval, clock)."""
+        """``store``: HOST:PORT, for people; ``config`` and ``kw``: ClusterWatcher's (its settings, clock);
+        bundles go under ``config.state_dir``."""
         self._src_outer_say = say
         self._src_said: deque[str] = deque(maxlen=10)
-        super().__init__(lambda: _Tap(connect()), say=self._src_say, **kw)
+        super().__init__(lambda: _Tap(connect()), config, say=self._src_say, **kw)
         self.store_name = store
-        self.state_dir = state_dir or bundle.default_state_dir()
+        self.state_dir = self.config.state_dir or bundle.default_state_dir()
         self.started = self.clock()
         self.snapshot: Snapshot | None = None
         self.waiting: str | None = WAITING
@@ -179,8 +176,8 @@ class ClusterSource(ClusterWatcher):
         up = {n: hb for n, (hb, _) in self._src_beats.items() if hb is not None and n not in self._src_down}
         for n, (hb, _) in self._src_beats.items():
             if hb is not None:
-                self._src_hosts[n] = str(hb.get("host", "?"))
-        entries = {n: rank_beats(hb) for n, (hb, _) in self._src_beats.items() if hb is not None}
+                self._src_hosts[n] = hb.host
+        entries = {n: hb.beats for n, (hb, _) in self._src_beats.items() if hb is not None}
         procs = [ProcSample(time=now, rank=b.rank, pid=b.pid or 0, status=b.state, main_last_ran=now - b.pause)
                  for n in up for b in entries[n]]
         if self.book.of_kinds(HANG_KINDS):  # while a hang is open its window's views stand (witnesses "waiting")
@@ -219,18 +216,18 @@ class ClusterSource(ClusterWatcher):
         out = set()
         for u in self.cluster.get("not_observed", ()):
             hb = self._src_beats.get(u.get("node"), (None, ""))[0] if u.get("node") is not None else None
-            if hb is None or float(hb.get("time", 0.0)) <= d.time:
+            if hb is None or hb.time <= d.time:
                 out.add(int(u["rank"]))
         return out
 
-    def _src_job(self, entries: Mapping[int, Any], d: Diagnosis | None) -> Job:
+    def _src_job(self, entries: Mapping[int, tuple[RankBeat, ...]], d: Diagnosis | None) -> Job:
         """Every rank an agent reports, with that agent's host (the last window's Rank when it is the same
         process: devices, coordinates), and the last window's peer groups."""
         known = d.job.by_rank() if d is not None else {}
         ranks: dict[int, Rank] = {}
         ws = 0
         for n, hb in sorted((n, hb) for n, (hb, _) in self._src_beats.items() if hb is not None):
-            ws = max(ws, int(hb.get("world_size") or 0))
+            ws = max(ws, hb.world_size or 0)
             for b in entries[n]:
                 k = known.get(b.rank)
                 ranks[b.rank] = k if k is not None and k.pid == b.pid else Rank(
@@ -251,7 +248,7 @@ class ClusterSource(ClusterWatcher):
         for n, (hb, problem) in sorted(self._src_beats.items()):
             state = "lost" if n in self._src_down else "up" if hb is not None else "never reported"
             out.append({"node": n, "host": self._src_hosts.get(n, "?"), "state": state,
-                        "ranks": [b.rank for b in rank_beats(hb or {})],
+                        "ranks": [b.rank for b in hb.beats] if hb else [],
                         "detail": self._src_down.get(n) or problem})
         return out
 
@@ -278,7 +275,7 @@ def save_bundle(state_dir: str, inc: Incident, d: Diagnosis | None, cluster: Map
             "ranks": {str(r): wire.activity_to_json(act) for r, act in sorted(a.acts.items())},
             "records": [wire.record_to_json(o) for o in a.records]})
     bundle.write_json(os.path.join(path, "heartbeats.json"),
-                      {str(n): {"heartbeat": {k: v for k, v in (hb or {}).items() if k != "nonce"} or None,
+                      {str(n): {"heartbeat": (dict(hb.body) if hb else {}) or None,
                                 "problem": p} for n, (hb, p) in sorted(beats.items())})
     return path
 

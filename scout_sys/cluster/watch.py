@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from scout_sys.cluster.client import gc_paused
-from scout_sys.cluster.wire import RankBeat, beat_ranks, beat_stalls, beats_from_json
+from scout_sys.cluster.heartbeat import Heartbeat, RankBeat
 from scout_sys.errors import BadToken, ScoutError, StoreUnreachable
 from scout_sys.model import Diagnosis, Event
 from scout_sys.watch import HANG_KINDS
+from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch, with_trigger
 from scout_sys.watch.incidents import IncidentBook
 from scout_sys.watch.progress import majority_of
@@ -37,7 +38,7 @@ RETRY_EVERY = 2.0
 
 
 class Client(Protocol):
-    def heartbeats(self) -> dict[int, tuple[dict[str, Any] | None, str]]: ...
+    def heartbeats(self) -> dict[int, tuple[Heartbeat | None, str]]: ...
     def diagnose(self, window: float) -> tuple[Diagnosis, dict[str, Any]]: ...
 
 
@@ -67,17 +68,21 @@ class Seen:
 
 
 class ClusterWatcher:
-    def __init__(self, connect: Callable[[], Client], *, stall_after: float | None = None, interval: float = 1.0,
-                 clock: Callable[[], float] = time.time, say: Callable[[str], None] = lambda _t: None) -> None:
-        """``connect``: a new client of the store (called again after the store was unreachable)."""
-        self.connect, self.clock, self.interval, self.say = connect, clock, interval, say
+    def __init__(self, connect: Callable[[], Client], config: WatchConfig | None = None, *,
+                 clock: Callable[[], float] = time.time, say: Callable[[str], None] = lambda _t: None,
+                 **settings: Any) -> None:
+        """``connect``: a new client of the store (called again after the store was unreachable);
+        ``config``: the watch's settings this one reads (interval, stall_after, state_dir), the default
+        interval 1 s; ``settings``: some of them given one by one, over ``config``."""
+        self.config = (config or WatchConfig(interval=1.0)).with_settings(settings)
+        self.connect, self.clock, self.say = connect, clock, say
         self.client: Client | None = None
         self._unreachable = False
-        self.hang = HangWatch(stall_after)
+        self.hang = HangWatch(self.config.stall_after)
         self.book = IncidentBook()
         self.last: Diagnosis | None = None
         self.cluster: dict[str, Any] = {}
-        self._seen: list[tuple[int, dict[str, Any], float]] = []  # (node, heartbeat, age) of agents not lost
+        self._seen: list[tuple[int, Heartbeat, float]] = []  # (node, heartbeat, age) of agents not lost
         self._ranks: dict[int, Seen] | None = None
         self._beats: dict[int, tuple[int, float]] = {}  # node -> (seq, when we saw it change)
         self._lost: set[int] = set()
@@ -87,12 +92,15 @@ class ClusterWatcher:
         return self.hang.stall_after
 
     @property
+    def interval(self) -> float:
+        return self.config.interval
+
+    @property
     def ranks(self) -> dict[int, Seen]:
         """The observed ranks (of agents not lost) as the last heartbeats describe them (built when
         asked: a poll reads only what the suspicion needs)."""
         if self._ranks is None:
-            self._ranks = {b.rank: Seen(node, str(hb.get("host", "?")), b, age)
-                           for node, hb, age in self._seen for b in beats_from_json(hb)}
+            self._ranks = {b.rank: Seen(node, hb.host, b, age) for node, hb, age in self._seen for b in hb.beats}
         return self._ranks
 
     def poll(self) -> list[Event | AgentEvent]:
@@ -119,13 +127,13 @@ class ClusterWatcher:
             self._seen.append((node, hb, age))
             # a rank's stall goes on while its beat gets older (it has not been seen progressing since),
             # except during a window its agent announced (busy_for): that window's stacks feed its next beat
-            older = max(0.0, age - float(hb.get("busy_for") or 0.0))
-            for _rank, s, signal, gone in beat_stalls(hb):
+            older = max(0.0, age - hb.busy_for)
+            for _rank, s, signal, gone in hb.stalls():
                 stalls.append((s + older, signal))
                 dead |= gone
-            missing |= bool(hb.get("missing"))
-            settling |= bool(hb.get("settling"))
-            n += len(hb.get("missing") or ())
+            missing |= bool(hb.missing)
+            settling |= hb.settling
+            n += len(hb.missing)
         self._ranks = None
         stall, signal = majority_of(stalls, n + len(stalls))
         hang_open = bool(self.book.of_kinds(HANG_KINDS))
@@ -145,19 +153,19 @@ class ClusterWatcher:
             events += self.book.reconcile(found, self.clock(), None, unobserved=unobserved)
         return events
 
-    def _agents(self, beats: dict[int, tuple[dict[str, Any] | None, str]], now: float) -> list[AgentEvent]:
+    def _agents(self, beats: dict[int, tuple[Heartbeat | None, str]], now: float) -> list[AgentEvent]:
         out = []
         for node, (hb, problem) in sorted(beats.items()):
-            host = (hb or {}).get("host", "?")
-            ranks = tuple(beat_ranks(hb or {}))
-            seq = int(hb["seq"]) if hb else -1
+            host = hb.host if hb else "?"
+            ranks = tuple(hb.ranks()) if hb else ()
+            seq = hb.seq if hb else -1
             old = self._beats.get(node)
             if old is None or seq != old[0]:
                 self._beats[node] = (seq, now)
                 if node in self._lost and hb is not None:
                     self._lost.discard(node)
                     out.append(AgentEvent("agent_back", now, node, host, ranks))
-            elif node not in self._lost and now - old[1] >= LOST_AFTER + float((hb or {}).get("busy_for") or 0.0):
+            elif node not in self._lost and now - old[1] >= LOST_AFTER + (hb.busy_for if hb else 0.0):
                 self._lost.add(node)
                 out.append(AgentEvent("agent_lost", now, node, host, ranks,
                                       f"no heartbeat for {now - old[1]:.0f} s{'; ' + problem if problem else ''}: "

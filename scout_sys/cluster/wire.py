@@ -17,7 +17,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, fields
 from typing import Any
 
 from scout_sys.consensus.hang import Activity
@@ -34,7 +34,6 @@ from scout_sys.model import (
     Rank,
     SignalRecord,
 )
-from scout_sys.watch.progress import COLLECTIVES, MAIN_THREAD, STACK
 
 PROTO = "scout-sys/cluster/v1"
 PREFIX = "scout-sys/v1/"
@@ -42,13 +41,8 @@ RUN = PREFIX + "run"  # the leader's run record: nonce, nnodes
 REQS = PREFIX + "reqs"  # counter of window requests (store.add)
 
 
-HB_VERSION = 2  # heartbeat body: 1 = state and pause per rank; 2 adds progress, place, collectives, step time
-MAX_WHERE = 80  # characters of a place's text
-MAX_GROUPS = 8  # process groups whose sequence numbers a rank's beat carries
-
-
 def hb_key(node: int) -> str:
-    return f"{PREFIX}hb/{node}"
+    return f"{PREFIX}hb/{node}"  # its body: cluster/heartbeat.py
 
 
 def req_key(rid: int) -> str:
@@ -296,106 +290,3 @@ def job_from_json(d: Mapping[str, Any]) -> Job:
                missing=tuple(int(m) for m in d.get("missing", ())),
                peer_groups=tuple(tuple(int(x) for x in g) for g in d.get("peer_groups", ())),
                layout=str(d.get("layout", "")), notes=tuple(d.get("notes", ())))
-
-
-# --------------------------------------------------------------------------- heartbeats
-
-_SIGNALS = {COLLECTIVES: "c", MAIN_THREAD: "m", STACK: "s"}
-_SIGNAL_OF = {v: k for k, v in _SIGNALS.items()}
-_DEAD_V1 = frozenset({"stopped", "tracing-stop", "zombie", "gone"})
-
-
-@dataclass(frozen=True, slots=True)
-class RankBeat:
-    """One rank in a heartbeat: a few values, no stacks.
-
-    ``stall``: seconds since the rank was last seen progressing by ``signal``, the best one its
-    agent's watch has (watch/progress.py: collective sequence numbers, else the main thread for a
-    rank inside a collective, else the stack staying at one place); ``dead``: stopped or gone (not
-    a py-spy read's pause); ``where`` and ``stack``: the place and a short hash of the rank's latest
-    stack sample; ``seqs``: its collective sequence number per process group (eBPF); ``step``: the
-    median seconds between its collectives over the last few seconds (eBPF)."""
-
-    rank: int
-    pid: int | None = None
-    state: str = "?"
-    pause: float = 0.0
-    stall: float = 0.0
-    signal: str = MAIN_THREAD
-    dead: bool = False
-    where: str = ""
-    stack: str = ""
-    seqs: tuple[tuple[str, int], ...] = ()
-    step: float | None = None
-
-
-# A version-2 row, one per rank: [rank, pid, state (index into "states"), stall, signal ("c"|"m"|"s"),
-# dead (0|1), place (index into "places", -1 none), seqs (one per "groups" entry, null where the rank
-# has none; [] none at all), step (null: unknown), pause]
-_ROW = ("rank", "pid", "state", "stall", "signal", "dead", "place", "seqs", "step", "pause")
-
-
-def beats_to_json(beats: Iterable[RankBeat]) -> dict[str, Any]:
-    """The heartbeat's per-rank part, version 2: ``{"v": 2, "states": [...], "places": [[hash, where],
-    ...], "groups": [...], "rows": [[...], ...]}`` — a positional row per rank (:data:`_ROW`), each
-    distinct state, place and process group once. About 50 bytes a rank (version 1 readers see no
-    ``ranks``: no rank, rather than a wrong one)."""
-    beats = list(beats)
-    states: dict[str, int] = {}
-    places: dict[tuple[str, str], int] = {}
-    groups = sorted({g for b in beats for g, _ in b.seqs})[:MAX_GROUPS]
-    col = {g: i for i, g in enumerate(groups)}
-    rows = []
-    for b in beats:
-        seqs: list[int | None] = []
-        if b.seqs:
-            seqs = [None] * len(groups)
-            for g, n in b.seqs:
-                if g in col:
-                    seqs[col[g]] = n
-        rows.append([b.rank, b.pid, states.setdefault(b.state, len(states)), round(b.stall, 1),
-                     _SIGNALS.get(b.signal, "m"), int(b.dead),
-                     places.setdefault((b.stack, b.where[:MAX_WHERE]), len(places)) if b.where or b.stack else -1,
-                     seqs, None if b.step is None else round(b.step, 4), round(b.pause, 1)])
-    return {"v": HB_VERSION, "states": list(states), "places": [list(p) for p in places], "groups": groups,
-            "rows": rows}
-
-
-def beat_ranks(hb: Mapping[str, Any]) -> list[int]:
-    """The global ranks a heartbeat (version 1 or 2) reports."""
-    if "rows" in hb:
-        return [int(row[0]) for row in hb["rows"]]
-    return [int(d["r"]) for d in hb.get("ranks", ())]
-
-
-def beat_stalls(hb: Mapping[str, Any]) -> list[tuple[int, float, str, bool]]:
-    """(rank, stall, signal, dead) per rank: what the suspicion reads, without building a RankBeat
-    for each of 64k ranks every poll."""
-    if "rows" in hb:
-        return [(int(row[0]), float(row[3]), _SIGNAL_OF.get(row[4], MAIN_THREAD), bool(row[5])) for row in hb["rows"]]
-    return [(b.rank, b.stall, b.signal, b.dead) for b in beats_from_json(hb)]
-
-
-def beats_from_json(hb: Mapping[str, Any]) -> list[RankBeat]:
-    """The ranks of a heartbeat body (version 1 or 2). A version-1 beat knows only state and the main
-    thread's pause: its pause is its stall."""
-    if "rows" not in hb:
-        return [RankBeat(rank=int(d["r"]), pid=d.get("pid"), state=str(d.get("s", "?")), pause=float(d.get("p", 0.0)),
-                         stall=float(d.get("p", 0.0)), dead=str(d.get("s")) in _DEAD_V1) for d in hb.get("ranks", ())]
-    states = [str(x) for x in hb.get("states", ())]
-    places = [(str(h), str(w)) for h, w in hb.get("places", ())]
-    groups = [str(g) for g in hb.get("groups", ())]
-    out = []
-    for row in hb["rows"]:
-        d = dict(zip(_ROW, row, strict=False))
-        place = d.get("place", -1)
-        stack, where = places[place] if isinstance(place, int) and 0 <= place < len(places) else ("", "")
-        state = d.get("state")
-        out.append(RankBeat(
-            rank=int(d["rank"]), pid=d.get("pid"),
-            state=states[state] if isinstance(state, int) and 0 <= state < len(states) else "?",
-            pause=float(d.get("pause") or 0.0), stall=float(d.get("stall") or 0.0),
-            signal=_SIGNAL_OF.get(d.get("signal"), MAIN_THREAD), dead=bool(d.get("dead")), where=where, stack=stack,
-            seqs=tuple((g, int(n)) for g, n in zip(groups, d.get("seqs") or (), strict=False) if n is not None),
-            step=float(d["step"]) if d.get("step") is not None else None))
-    return out

@@ -48,6 +48,7 @@ from scout_sys.model import (
 from scout_sys.monitor import Monitor, default_probes
 from scout_sys.replay.live import ReplayPart
 from scout_sys.watch import bundle
+from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.early import EarlyProbes, early_probes
 from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch, with_trigger
 from scout_sys.watch.incidents import IncidentBook
@@ -65,34 +66,29 @@ HANG_KINDS = frozenset({HANG, PROCESS_STALL, PROCESS_EXIT, DESYNC})
 HISTORY_SECONDS = 60.0
 WAITING_TEXT = "waiting for the job's ranks…"
 
-__all__ = ["HANG_KINDS", "WAITING_TEXT", "Watcher"]
+__all__ = ["HANG_KINDS", "WAITING_TEXT", "WatchConfig", "Watcher"]
 
 
 class Watcher:
     """A live job, polled every ``interval`` seconds; a :class:`~scout_sys.tui.source.Source`."""
 
-    def __init__(self, selector: str, *, interval: float = 0.5, stall_after: float | None = None,
-                 state_dir: str | None = None, ebpf: bool = True, clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep, topology: str | None = None,
-                 wait_ranks: float | None = None, stack_period: float = 4.0, replay: bool = True,
-                 replay_every: float | None = None) -> None:
-        """``replay``: a replay round (scout_sys/replay) when a straggler is confirmed, to tell a slow
-        device from a slow network or input; ``replay_every``: also one every so many seconds."""
+    def __init__(self, selector: str, config: WatchConfig | None = None, *, clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep, **settings: Any) -> None:
+        """``config``: how to follow the job (watch/config.py); ``settings``: some of its fields given one
+        by one instead (``Watcher(sel, interval=0.5, ebpf=False)``), over ``config``."""
+        self.config = config = (config or WatchConfig()).with_settings(settings)
         self.selector = selector
-        self.interval = interval
-        self.state_dir = state_dir or bundle.default_state_dir()
-        self.ebpf = ebpf
+        self.state_dir = config.state_dir or bundle.default_state_dir()
         self.clock = clock
         self.sleep = sleep
-        self.finder = RankFinder(selector, lambda sel: find_job(sel, topology), wait_ranks=wait_ranks)
+        self.finder = RankFinder(selector, lambda sel: find_job(sel, config.topology), wait_ranks=config.wait_ranks)
         # probes that must be attached before the ranks start (NCCL communicator creation)
-        self.early = EarlyProbes(early_probes() if ebpf else [], lambda: selector_pids(selector))
-        self.hang = HangWatch(stall_after)
+        self.early = EarlyProbes(early_probes() if config.ebpf else [], lambda: selector_pids(selector))
+        self.hang = HangWatch(config.stall_after)
         self.progress = Progress()
-        self.rotation = Rotation(period=stack_period, interval=interval)
+        self.rotation = Rotation(period=config.stack_period, interval=config.interval)
         self.stragglers = StragglerWatch()
         self.book = IncidentBook()
-        self.replay_on, self.replay_every = replay, replay_every
         self.replay: ReplayPart | None = None
         self._replayed: list[Incident] = []  # the last replay session's findings (sdc, straggler)
         self.monitor: Monitor | None = None
@@ -116,6 +112,10 @@ class Watcher:
     @property
     def stall_after(self) -> float:
         return self.hang.stall_after
+
+    @property
+    def interval(self) -> float:
+        return self.config.interval
 
     @property
     def ever_opened(self) -> bool:
@@ -142,14 +142,14 @@ class Watcher:
         self.progress.forget()
         self._collectives = {}
         self.stragglers.every.reset(now)
-        self.monitor = Monitor(job, extra_probes=[*self.early.leases(), *default_probes(self.ebpf)], clock=self.clock,
+        self.monitor = Monitor(job, extra_probes=[*self.early.leases(), *default_probes(self.config.ebpf)], clock=self.clock,
                                sleep=self.sleep)
         self.monitor.start()
         if self.replay is not None:
             self.replay.close()
-        self.replay = ReplayPart(job, every=self.replay_every, state_dir=self.state_dir, started=now,
-                                 checkpoints=self.replay_on) \
-            if self.replay_on or self.replay_every else None
+        cfg = self.config
+        self.replay = ReplayPart(job, every=cfg.replay_every, state_dir=self.state_dir, started=now,
+                                 checkpoints=cfg.replay) if cfg.replay or cfg.replay_every else None
         self._replayed = []
         self._publish()
 

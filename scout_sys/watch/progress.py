@@ -32,9 +32,16 @@ from dataclasses import dataclass
 
 from scout_sys.consensus.hang import location_of
 from scout_sys.consensus.patterns import collective_of
-from scout_sys.model import CollectiveSample, Observation, ProcSample, StackSample
+from scout_sys.model import (
+    COLLECTIVES,
+    MAIN_THREAD,
+    STACK,
+    CollectiveSample,
+    Observation,
+    ProcSample,
+    StackSample,
+)
 
-COLLECTIVES, MAIN_THREAD, STACK = "collectives", "main thread", "stack"
 RUNNING_STATES = ("running",)
 HELD_SLACK = 0.5  # a thread held by our dump runs once more right after it is let go
 # The stack signal counts while every procfs sample saw the main thread run within this many seconds:
