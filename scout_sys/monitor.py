@@ -14,15 +14,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from scout_sys.consensus import desync, hang, hardware, lifecycle, peers, straggler_window
+from scout_sys.consensus import desync, hang, peers, rules
 from scout_sys.errors import SUDO_HINT, PermissionDenied, ProbeUnavailable
 from scout_sys.model import (
     ATTRIBUTED,
-    DESYNC,
     HANG,
     INCONCLUSIVE,
-    PROCESS_EXIT,
-    PROCESS_STALL,
     Diagnosis,
     Evidence,
     Incident,
@@ -33,7 +30,6 @@ from scout_sys.model import (
 from scout_sys.probes import Probe
 from scout_sys.probes.procfs import ProcfsProbe
 from scout_sys.probes.pystack import StackDumper
-from scout_sys.text import ranks_text
 
 STARTING = "starting"
 CLOSE_TIMEOUT = 1.0  # seconds close() waits for a probe still compiling; it detaches itself after
@@ -204,14 +200,8 @@ class Monitor:
         # the hang and desync votes keep the layout the job came with (without one, the wait-for graph
         # follows the learned process groups); stragglers and the report use the learned peers
         job = peers.with_learned(self.job, obs)
-        incidents, acts, notes = hang.analyze(self.job, obs, window=window)
-        slow, slow_notes = ([], []) if incidents else straggler_window.in_window(job, obs, acts, window)
-        # The exit probe's deaths before desync: a dead rank is "behind" in every sequence, which
-        # corroborates its process_exit even when every rank has died by now and the stack rules are silent.
-        incidents = merge_findings(incidents, lifecycle.analyze(self.job, obs),
-                                   _not_progressing(desync.analyze(self.job, obs), acts),
-                                   hardware.analyze(self.job, obs), slow)
-        notes += slow_notes
+        d = rules.decide(self.job, obs, cadence=rules.WINDOW, window=window, peers=job)
+        incidents, acts, notes = d.incidents, d.acts, d.notes
         return Diagnosis(
             time=self.clock(),
             job=job,
@@ -293,17 +283,6 @@ def too_short(job: Job, obs: Sequence[Observation], window: tuple[float, float])
         evidence=tuple(ev))
 
 
-def _not_progressing(found: Sequence[Incident], acts: dict) -> list[Incident]:
-    """Desync findings without those that blame ranks *behind* in the sequence while their stacks
-    move over the window (state ``running``): the rank everyone waits for at a barrier while it
-    writes a checkpoint is behind, and progressing: a pause, as the hang rules say, never a desync.
-    A different fingerprint at the same position ("differs") always stays."""
-    def pause(inc: Incident) -> bool:
-        return (inc.kind == DESYNC and bool(inc.ranks) and not any("(differs)" in e.text for e in inc.evidence)
-                and all(r in acts and acts[r].state == "running" for r in inc.ranks))
-    return [i for i in found if not pause(i)]
-
-
 def detach_in_child(probes: Sequence[object]) -> bool:
     """Fork a child (its own session, no terminal) that detaches ``probes`` once this process has
     exited; this process forgets them without detaching. Whoever drops the last reference to a perf
@@ -343,61 +322,6 @@ def _check_stack_permission(obs: Sequence[Observation]) -> None:
     if stacks and all(s.error and ("ermission" in s.error or "EPERM" in s.error or "ptrace" in s.error)
                       for s in stacks):
         raise PermissionDenied(f"py-spy may not read the ranks' memory ({stacks[0].error}): {SUDO_HINT}")
-
-
-def merge_findings(*lists: Sequence[Incident]) -> list[Incident]:
-    """One incident per (kind, ranks): the same finding from two signal sources (stacks and eBPF)
-    becomes one incident whose evidence holds both; the first list's summary wins.
-
-    A rank that the stack rules found outside any collective (hung, stopped, gone) is also *behind*
-    in collective sequence: the eBPF "behind" desync about it corroborates that finding instead of
-    standing as a second incident.
-
-    /proc sees that several ranks are dead, not in which order; the exit probe (lifecycle) names the
-    first to die and calls the others its consequences. Its narrower process_exit takes the place of
-    the wider one (whichever came first), so that the ranks that died of the first death are never
-    blamed beside it.
-
-    A desync that the fingerprints attribute explains the waits that the stack rules could not
-    (every rank waits, no strict majority at one place): their inconclusive hang or desync becomes
-    the desync's evidence, not an incident beside it."""
-    out: dict[tuple, Incident] = {}
-    for findings in lists:
-        for inc in findings:
-            key = (inc.kind, inc.ranks) if inc.ranks else (inc.kind, inc.status, ())
-            if key not in out and inc.kind == DESYNC and inc.ranks:
-                key = next((k for k, o in out.items() if o.kind in (HANG, PROCESS_STALL, PROCESS_EXIT)
-                            and set(inc.ranks) <= set(o.ranks)), key)
-            wider = None
-            if key not in out and inc.kind == PROCESS_EXIT and inc.ranks:
-                key = next((k for k, o in out.items() if o.kind == PROCESS_EXIT and o.ranks
-                            and set(o.ranks) < set(inc.ranks)), key)  # a narrower one came first
-                wider = next((k for k, o in out.items() if o.kind == PROCESS_EXIT
-                              and set(inc.ranks) < set(o.ranks)), None)
-            if wider is not None:
-                prev = out.pop(wider)
-                out[key] = replace(inc, evidence=inc.evidence + prev.evidence, since=min(prev.since, inc.since))
-            elif key in out:
-                prev = out[key]
-                out[key] = replace(prev, evidence=prev.evidence + inc.evidence, since=min(prev.since, inc.since))
-            else:
-                out[key] = inc
-    return _tie_explained(list(out.values()))
-
-
-def _tie_explained(incidents: list[Incident]) -> list[Incident]:
-    named = next((i for i in incidents if i.kind == DESYNC and i.status == ATTRIBUTED and i.ranks), None)
-    if named is None:
-        return incidents
-    tied = [i for i in incidents if i.kind in (HANG, DESYNC) and i.status == INCONCLUSIVE and not i.ranks]
-    if not tied:
-        return incidents
-    ev = tuple(Evidence("stack", f"the stacks alone could not tell ({i.summary}); the desync of "
-                        f"{ranks_text(named.ranks)} explains it",
-                        data={"was": i.kind, "status": i.status, "explained_by": list(named.ranks),
-                              "evidence": [e.text for e in i.evidence]}) for i in tied)
-    return [replace(i, evidence=i.evidence + ev) if i is named else i
-            for i in incidents if not any(i is t for t in tied)]
 
 
 def default_extra_probes() -> list[Probe]:

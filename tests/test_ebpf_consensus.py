@@ -193,8 +193,8 @@ def test_exit_code_and_clean_finish() -> None:
 def test_the_first_death_replaces_procfs_lumping_its_victims_with_it() -> None:
     """/proc sees ranks 0, 2 and 3 dead; the exit probe saw rank 3 die first and the others after it:
     one incident naming rank 3, with both sources' evidence; ranks 0 and 2 are not blamed."""
+    from scout_sys.consensus.merge import merge_findings
     from scout_sys.model import Evidence, Incident
-    from scout_sys.monitor import merge_findings
 
     procfs = Incident(kind=PROCESS_EXIT, status=ATTRIBUTED, ranks=(0, 2, 3), hosts=("h",), since=12.0,
                       summary="rank 0 exited with code 1; rank 2 exited with code 1; rank 3 was killed by SIGKILL",
@@ -279,8 +279,8 @@ def test_pipeline_stages_are_not_equivalent_groups() -> None:
 def test_an_attributed_desync_explains_the_stack_rules_tie() -> None:
     """Every rank waits, the stacks alone see no strict majority (an inconclusive hang): the desync
     the fingerprints name is the one incident, the tie its evidence."""
+    from scout_sys.consensus.merge import merge_findings
     from scout_sys.model import HANG, Evidence, Incident
-    from scout_sys.monitor import merge_findings
 
     tie = Incident(kind=HANG, status=INCONCLUSIVE, ranks=(), hosts=("h",), since=1.0,
                    summary="no progress on any of 4 ranks, but no strict majority waits at one place",

@@ -3,7 +3,7 @@
 Each agent answers a window request with its ranks (global rank, its host as the agent names it),
 their activities (consensus/hang.py ``Activity``, summarised on that host) and a few records (the
 latest collective position and GPU sample per rank, exits and signals). Here they become one
-:class:`~scout_sys.model.Job` and the hang / desync / lifecycle / hardware rules run over all ranks.
+:class:`~scout_sys.model.Job` and the window rules (consensus/rules.py) run over all ranks.
 
 An agent that did not answer is a fault of the monitor, not of the job: its ranks are *not
 observed* — left out of the vote, never blamed — and said so in the notes and in the ``cluster``
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scout_sys.consensus import desync, hang, hardware, lifecycle
+from scout_sys.consensus import rules
 from scout_sys.consensus.hang import Activity
 from scout_sys.model import Diagnosis, Job, Observation, Rank
 from scout_sys.text import ranks_text
@@ -92,8 +92,6 @@ def _probes(answers: Sequence[Answer]) -> dict[str, str | None]:
 def decide(answers: Sequence[Answer], states: Sequence[AgentState], *, world_size: int, source: str,
            now: float) -> tuple[Diagnosis, dict[str, Any]]:
     """The whole-job diagnosis, and the ``cluster`` part of its JSON (agents, ranks not observed)."""
-    from scout_sys.monitor import merge_findings  # the one rule for merging findings of several sources
-
     ok = [a for a in answers if a.error is None and a.job is not None]
     job = merge_job(ok, world_size, source)
     acts: dict[int, Activity] = {}
@@ -105,9 +103,8 @@ def decide(answers: Sequence[Answer], states: Sequence[AgentState], *, world_siz
         acts.setdefault(m, Activity(rank=m, pid=None, state="exited"))
     t0 = min((a.window[0] for a in ok), default=now)
     t1 = max((a.window[1] for a in ok), default=now)
-    incidents, acts, notes = hang.analyze_activities(job, acts, window=(t0, t1))
-    incidents = merge_findings(incidents, lifecycle.analyze(job, records), desync.analyze(job, records),
-                               hardware.analyze(job, records))
+    d = rules.decide(job, records, cadence=rules.WINDOW, window=(t0, t1), acts=acts)
+    incidents, acts, notes = d.incidents, d.acts, list(d.notes)
     seen = {r.rank for r in job.ranks} | set(job.missing)
     unseen: list[dict[str, Any]] = []
     for s in states:

@@ -32,10 +32,11 @@ from scout_sys.cluster.heartbeat import Heartbeat, RankBeat
 from scout_sys.cluster.merge import Answer
 from scout_sys.cluster.watch import AgentEvent, Client, ClusterWatcher
 from scout_sys.consensus import hardware
+from scout_sys.consensus.kinds import HANG_KINDS
 from scout_sys.errors import ScoutError, StoreUnreachable
 from scout_sys.exporters import feed
 from scout_sys.model import Diagnosis, Event, Evidence, Incident, Job, ProcSample, Rank, RankView, Snapshot
-from scout_sys.watch import HANG_KINDS, bundle
+from scout_sys.watch import bundle
 from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.views import Views
 

@@ -25,9 +25,9 @@ from typing import Any, Protocol
 
 from scout_sys.cluster.client import gc_paused
 from scout_sys.cluster.heartbeat import Heartbeat, RankBeat
+from scout_sys.consensus.kinds import HANG_KINDS
 from scout_sys.errors import BadToken, ScoutError, StoreUnreachable
 from scout_sys.model import Diagnosis, Event
-from scout_sys.watch import HANG_KINDS
 from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch, with_trigger
 from scout_sys.watch.incidents import IncidentBook

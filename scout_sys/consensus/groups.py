@@ -29,20 +29,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from scout_sys.consensus.kinds import STUCK_KINDS
 from scout_sys.consensus.patterns import CollectiveWait
 from scout_sys.model import (
     ATTRIBUTED,
     DESYNC,
     HANG,
     INCONCLUSIVE,
-    PROCESS_EXIT,
-    PROCESS_STALL,
     Evidence,
     Incident,
     Job,
 )
 
-STUCK_KINDS = frozenset({HANG, PROCESS_STALL, PROCESS_EXIT})
 ACTIVITY_SOURCE = "activity (layout unknown: no --topology and no Megatron-Core / DeepSpeed / TorchTitan " \
                   "layout on the command line)"
 AnalyzeGroup = Callable[[Job, dict[int, Any], tuple[float, float]], tuple[list[Incident], list[str]]]

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from scout_sys.consensus import learned
+from scout_sys.consensus.kinds import HANG_KINDS
 from scout_sys.consensus.waitfor import (
     ATTRIBUTED,
     NONE,
@@ -100,12 +101,11 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
       the vote's verdict — a waiter is a witness, never an origin. Otherwise the vote stands.
     """
     from scout_sys.model import ATTRIBUTED as ATTR
-    from scout_sys.model import DESYNC, HANG, PROCESS_EXIT, PROCESS_STALL, Evidence
+    from scout_sys.model import HANG, Evidence
 
     incidents = list(incidents)
     sample = latest_groups(obs)
-    kinds = (HANG, PROCESS_STALL, PROCESS_EXIT, DESYNC)
-    named = [i for i in incidents if i.status == ATTR and i.kind in kinds]
+    named = [i for i in incidents if i.status == ATTR and i.kind in HANG_KINDS]
     stalled = any(i.kind == HANG and i.status != ATTR for i in incidents)
     if sample is not None and not stalled and not incidents:
         stalled = learned.gpu_stall(sample, acts, window)

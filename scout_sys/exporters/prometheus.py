@@ -17,23 +17,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from scout_sys.consensus.hang import STATES
+from scout_sys.consensus.kinds import KINDS
 from scout_sys.errors import ScoutError
 from scout_sys.model import (
     ATTRIBUTED,
-    DESYNC,
-    HANG,
-    HARDWARE,
     INCONCLUSIVE,
-    PROCESS_EXIT,
-    PROCESS_STALL,
-    SDC,
-    STRAGGLER,
     Event,
     Snapshot,
 )
 from scout_sys.probes import does_not_apply
 
-KINDS = (HANG, PROCESS_STALL, PROCESS_EXIT, DESYNC, STRAGGLER, SDC, HARDWARE)
 STATUSES = (ATTRIBUTED, INCONCLUSIVE)
 RANK_LABELS = ["job", "rank", "host"]
 GPU_LABELS = ["job", "rank", "host", "gpu"]

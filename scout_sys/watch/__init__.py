@@ -24,15 +24,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from scout_sys.consensus import commonmode, desync, hardware, lifecycle, peers
+from scout_sys.consensus import commonmode, desync, hardware, peers, rules
+from scout_sys.consensus.kinds import HANG_KINDS
 from scout_sys.exporters import feed
 from scout_sys.job import find_job
 from scout_sys.model import (
     DESYNC,
-    HANG,
     HARDWARE,
     PROCESS_EXIT,
-    PROCESS_STALL,
     SDC,
     STRAGGLER,
     Diagnosis,
@@ -62,7 +61,6 @@ from scout_sys.watch.views import Views
 if TYPE_CHECKING:
     from scout_sys.exporters import Sink
 
-HANG_KINDS = frozenset({HANG, PROCESS_STALL, PROCESS_EXIT, DESYNC})
 HISTORY_SECONDS = 60.0
 WAITING_TEXT = "waiting for the job's ranks…"
 
@@ -220,7 +218,7 @@ class Watcher:
             found = self.finder.follow(job, now)
             if found.status == ENDED:
                 self.ended = True
-                events += self.book.reconcile(lifecycle.analyze(job, list(self._obs)), now, frozenset())
+                events += self.book.reconcile(_poll_rule(job, list(self._obs), PROCESS_EXIT), now, frozenset())
             elif found.status == FOUND and found.job is not None:
                 self._notes.append(found.note)
                 self.views.clear()
@@ -231,7 +229,7 @@ class Watcher:
 
         events += self._hang_step(procs, now)
         self._devices = {r: d.to_json() for r, d in hardware.latest(batch).items()} or self._devices
-        events += self.book.reconcile(hardware.analyze(job, batch), now, frozenset({HARDWARE}))
+        events += self.book.reconcile(_poll_rule(job, batch, HARDWARE), now, frozenset({HARDWARE}))
         events += self._replay_step(now)
         if self.stragglers.due(now):
             found = self.stragglers.round(job, list(self._obs), now)
@@ -269,7 +267,7 @@ class Watcher:
             findings = self.book.of_kinds(HANG_KINDS)  # between two windows the hang stays as it was
         else:
             # a rank that died, seen by eBPF, while the rest has not stalled yet
-            findings = [f for f in lifecycle.analyze(job, list(self._obs))
+            findings = [f for f in _poll_rule(job, list(self._obs), PROCESS_EXIT)
                         if f.ranks and all(any(p.rank == r and not p.alive for p in procs) for r in f.ranks)]
             self.views.from_procs(procs, now)
         return self.book.reconcile(findings, now, HANG_KINDS, on_open=self._on_open)
@@ -380,3 +378,8 @@ class Watcher:
             notes=tuple(self._notes[-10:]), pauses=self.progress.pauses(), seqs=self.progress.seqs(),
             lost_events=self.monitor.lost_events(),
         )
+
+
+def _poll_rule(job: Job, obs: Sequence[Observation], kind: str) -> list[Incident]:
+    """A poll's findings of ``kind``, as its rules return them (consensus/rules.py)."""
+    return rules.decide(job, obs, cadence=rules.POLL, kinds={kind}).listed

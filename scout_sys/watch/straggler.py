@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from scout_sys.consensus import straggler
+from scout_sys.consensus import rules, straggler
 from scout_sys.model import Incident, Job, Observation
 from scout_sys.watch.schedule import Every
 
@@ -39,5 +39,4 @@ class StragglerWatch:
         for r, v in w.periods.items():
             self.period.setdefault(r, deque(maxlen=SERIES)).append(v)
         self._verdicts.append(w)
-        inc = straggler.confirm(job, list(self._verdicts))
-        return [inc] if inc else []
+        return rules.decide(job, (), cadence=rules.PERIODIC, verdicts=tuple(self._verdicts)).listed
