@@ -23,6 +23,7 @@ from scout_sys.model import (
     INCONCLUSIVE,
     PROCESS_EXIT,
     PROCESS_STALL,
+    Activity,
     Diagnosis,
     Evidence,
     Incident,
@@ -272,7 +273,7 @@ def too_short(job: Job, obs: Sequence[Observation], window: tuple[float, float])
     if not acts or len(acts) < len(job.ranks):
         return None
 
-    def still(a: hang.Activity) -> bool:
+    def still(a: Activity) -> bool:
         if a.state == "busy":
             return True
         return a.state in ("waiting", "idle") and (a.last_ran is None or a.last_ran <= window[0] + STILL_SLACK)

@@ -29,7 +29,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from scout_sys.consensus.patterns import CollectiveWait
 from scout_sys.model import (
     ATTRIBUTED,
     DESYNC,
@@ -37,6 +36,7 @@ from scout_sys.model import (
     INCONCLUSIVE,
     PROCESS_EXIT,
     PROCESS_STALL,
+    CollectiveWait,
     Evidence,
     Incident,
     Job,

@@ -16,7 +16,6 @@ from prometheus_client import CollectorRegistry, ProcessCollector, start_http_se
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from scout_sys.consensus.hang import STATES
 from scout_sys.errors import ScoutError
 from scout_sys.model import (
     ATTRIBUTED,
@@ -27,6 +26,7 @@ from scout_sys.model import (
     PROCESS_EXIT,
     PROCESS_STALL,
     SDC,
+    STATES,
     STRAGGLER,
     Event,
     Snapshot,
