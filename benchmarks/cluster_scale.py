@@ -34,7 +34,7 @@ from scout_sys.cluster import heartbeat, wire  # noqa: E402
 from scout_sys.cluster.agent import Agent  # noqa: E402
 from scout_sys.cluster.merge import ANSWERED, AgentState, decide, merge_job  # noqa: E402
 from scout_sys.consensus import hang  # noqa: E402
-from scout_sys.model import Job, ProcSample, Rank, StackSample  # noqa: E402
+from scout_sys.model import Activity, Job, ProcSample, Rank, StackSample  # noqa: E402
 
 HUNG_AGENT = 37  # of 64 (fewer agents: the last one)
 
@@ -189,7 +189,7 @@ def synthetic(sizes: list[int], per: int) -> bool:
     from scout_sys.cluster.client import ClusterClient, answer_from, gc_paused
     from scout_sys.cluster.watch import ClusterWatcher
 
-    def one(obs: list[Any]) -> hang.Activity:
+    def one(obs: list[Any]) -> Activity:
         return hang.summarize(0, [o for o in obs if isinstance(o, ProcSample)],
                               [o for o in obs if isinstance(o, StackSample)])
 

@@ -20,6 +20,7 @@ from scout_sys.model import (
     ATTRIBUTED,
     HANG,
     INCONCLUSIVE,
+    Activity,
     Diagnosis,
     Evidence,
     Incident,
@@ -262,7 +263,7 @@ def too_short(job: Job, obs: Sequence[Observation], window: tuple[float, float])
     if not acts or len(acts) < len(job.ranks):
         return None
 
-    def still(a: hang.Activity) -> bool:
+    def still(a: Activity) -> bool:
         if a.state == "busy":
             return True
         return a.state in ("waiting", "idle") and (a.last_ran is None or a.last_ran <= window[0] + STILL_SLACK)

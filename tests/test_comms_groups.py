@@ -4,8 +4,7 @@ GPU-shaped waits they give the wait-for graph (consensus/waitfor.py), on synthet
 from __future__ import annotations
 
 from scout_sys.consensus import learned, waitfor, waitresolve
-from scout_sys.consensus.hang import Activity
-from scout_sys.model import ProcessGroupSample
+from scout_sys.model import Activity, ProcessGroupSample
 from scout_sys.probes.ebpf.commgroups import (
     K_INIT,
     K_INIT_CONFIG,

@@ -80,8 +80,7 @@ def test_an_incident_needs_the_same_rank_in_three_windows():
 
 def _window(rank_stacks, states, wrote=None):
     """rank -> list of per-sample stacks (frames); Activities with ``states``."""
-    from scout_sys.consensus.hang import Activity
-    from scout_sys.model import StackSample, ThreadStack
+    from scout_sys.model import Activity, StackSample, ThreadStack
 
     obs = []
     for r, frames_list in rank_stacks.items():

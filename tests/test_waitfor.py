@@ -122,8 +122,7 @@ def _job(n: int):
 
 
 def _acts(states: dict[int, str], labels: dict[int, str]):
-    from scout_sys.consensus.hang import Activity
-    from scout_sys.consensus.patterns import CollectiveWait
+    from scout_sys.model import Activity, CollectiveWait
 
     return {r: Activity(rank=r, pid=100 + r, state=s,
                         wait=CollectiveWait(op="all_reduce", site=labels[r], depth=0) if s == "waiting" else None)

@@ -9,7 +9,7 @@ agent then, each poll:
   seen progressing and by which signal, place and stack hash, collective sequence numbers, step
   time) — bytes per rank, not stacks;
 - looks for window requests (``diagnose --cluster``): it samples its ranks for the window with the
-  same Monitor as ``diagnose`` and publishes their activities (``consensus.hang.Activity``: state,
+  same Monitor as ``diagnose`` and publishes their activities (``model.Activity``: state,
   place, collective, the main stack) and the records other hosts need (:func:`wire.shareable`).
 
 A request that does not verify is ignored and reported (one line, and counted in the heartbeat). The

@@ -1,7 +1,7 @@
 """The whole job from its agents' answers: one Job over every host, the same consensus as on one host.
 
 Each agent answers a window request with its ranks (global rank, its host as the agent names it),
-their activities (consensus/hang.py ``Activity``, summarised on that host) and a few records (the
+their activities (``model.Activity``, summarised on that host by consensus/hang.py) and a few records (the
 latest collective position and GPU sample per rank, exits and signals). Here they become one
 :class:`~scout_sys.model.Job` and the window rules (consensus/rules.py) run over all ranks.
 
@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scout_sys.consensus import rules
-from scout_sys.consensus.hang import Activity
-from scout_sys.model import Diagnosis, Job, Observation, Rank
+from scout_sys.model import Activity, Diagnosis, Job, Observation, Rank
 from scout_sys.text import ranks_text
 
 ANSWERED = "answered"

@@ -20,11 +20,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, asdict, fields
 from typing import Any
 
-from scout_sys.consensus.hang import Activity
-from scout_sys.consensus.patterns import CollectiveWait
 from scout_sys.errors import BadToken, ScoutError
 from scout_sys.model import (
+    Activity,
     CollectiveSample,
+    CollectiveWait,
     DeviceSample,
     ExitRecord,
     Fingerprint,

@@ -30,12 +30,12 @@ from dataclasses import replace
 from typing import Any
 
 from scout_sys.consensus.kinds import STUCK_KINDS
-from scout_sys.consensus.patterns import CollectiveWait
 from scout_sys.model import (
     ATTRIBUTED,
     DESYNC,
     HANG,
     INCONCLUSIVE,
+    CollectiveWait,
     Evidence,
     Incident,
     Job,

@@ -1,13 +1,8 @@
 """Hang rules: who stopped the job, from stacks and /proc over a window.
 
-Per rank, the window is summarised into an :class:`Activity` with one of these states:
-
-- ``waiting``: the main thread sat in the same collective at every stack sample and barely ran;
-- ``running``: the stack moved (a different function stack between samples): the rank progresses;
-- ``busy``: same place every sample, main thread on a CPU (a spin, a loop that never ends);
-- ``idle``: same place every sample, main thread off CPU (sleeping, blocked outside collectives);
-- ``stopped`` (SIGSTOP, a debugger), ``disk-sleep`` (uninterruptible for the whole window);
-- ``exited`` (gone or zombie); ``unknown`` (no stack could be read).
+Per rank, the window is summarised into an :class:`~scout_sys.model.Activity` with one of the states
+of ``model.STATES`` (waiting, running, busy, idle, stopped, disk-sleep, exited, unknown; what each
+means is written in scout_sys/model_activity.py).
 
 Then per peer group, C3 votes on a signature per rank. Ranks waiting in a collective are
 *witnesses*, never the origin; the origin is what a strict majority of waiting ranks waits for: a
@@ -24,13 +19,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
 from scout_sys.consensus import c3, commonmode, waitresolve
 from scout_sys.consensus import groups as peer_groups
-from scout_sys.consensus.patterns import CollectiveWait, collective_of
+from scout_sys.consensus.patterns import collective_of
 from scout_sys.model import (
     ATTRIBUTED,
     DESYNC,
@@ -38,17 +33,16 @@ from scout_sys.model import (
     INCONCLUSIVE,
     PROCESS_EXIT,
     PROCESS_STALL,
+    Activity,
     Evidence,
     Incident,
     Job,
     Observation,
     ProcSample,
-    RankView,
     StackSample,
 )
 from scout_sys.text import frame_text, ranks_text, signal_name, where_text
 
-STATES = ("waiting", "running", "busy", "idle", "stopped", "disk-sleep", "exited", "unknown")
 DECISIVE = ("stopped", "disk-sleep", "exited")
 
 # A waiting main thread is off CPU; a busy one is mostly on it (fractions of the window).
@@ -69,46 +63,6 @@ def location_of(frames) -> tuple[tuple[str, str], ...]:
     while i < len(frames) - 1 and frames[i].function.rsplit(".", 1)[-1] in _TRANSIENT:
         i += 1
     return tuple((f.file, f.function) for f in frames[i:])
-
-
-@dataclass(frozen=True)
-class Activity:
-    rank: int
-    pid: int | None
-    state: str
-    where: str = ""  # innermost frame, "file:line function"
-    wait: CollectiveWait | None = None
-    location: tuple[tuple[str, str], ...] = ()  # function-level main stack: ((file, function), ...)
-    stack: tuple[str, ...] = ()  # main-thread frames, innermost first, "file:line function"
-    cpu: float | None = None  # whole process, fraction of one core over the window
-    main_cpu: float | None = None  # main thread, fraction of one core
-    wrote: int = 0  # bytes written (write syscalls) during the window
-    last_ran: float | None = None
-    exit_code: int | None = None
-    exit_signal: int | None = None
-    status: str = ""  # last /proc status
-    wchan: str | None = None
-    stack_error: str | None = None
-
-    def signature(self) -> tuple:
-        """What C3 votes on."""
-        if self.state == "waiting" and self.wait is not None:
-            return ("waiting", self.wait.op, self.wait.site)
-        if self.state in ("busy", "idle"):
-            # Spinning or asleep, it stayed at one place: a spin-wait and a blocking wait at the same
-            # sync point are the same witness (how much CPU it got depends on the machine's load).
-            return ("still", self.location)
-        return (self.state,)
-
-    def view(self) -> RankView:
-        return RankView(
-            rank=self.rank,
-            state=self.state,
-            where=self.where,
-            collective=self.wait.label() if self.wait else None,
-            cpu_percent=None if self.cpu is None else 100.0 * self.cpu,
-            stack=self.stack,
-        )
 
 
 @lru_cache(maxsize=4096)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from scout_sys.model import Frame
+from scout_sys.model import CollectiveWait, Frame
 from scout_sys.text import short_path
 
 _C10D_OPS = frozenset(
@@ -102,18 +102,6 @@ def _match(frame: Frame) -> Pattern | None:
                                       or frame.function.rsplit(".", 1)[-1] in p.functions):
             return p
     return None
-
-
-@dataclass(frozen=True)
-class CollectiveWait:
-    op: str  # e.g. "all_reduce"
-    site: str  # the caller's "file:line" (innermost frame outside the libraries)
-    depth: int  # index of the collective frame in the stack (innermost = 0)
-    direct: bool = True  # a collective call itself, not only a framework frame that issues them
-    p2p: bool = False  # point-to-point (send / recv, pipeline neighbours), not a collective of replicas
-
-    def label(self) -> str:
-        return f"{self.op} at {self.site}"
 
 
 @lru_cache(maxsize=4096)

@@ -16,7 +16,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scout_sys.consensus import desync, hang, hardware, lifecycle, straggler, straggler_window
-from scout_sys.consensus.hang import Activity
 from scout_sys.consensus.kinds import HANG_KINDS
 from scout_sys.consensus.merge import merge_findings
 from scout_sys.model import (
@@ -24,6 +23,7 @@ from scout_sys.model import (
     HARDWARE,
     PROCESS_EXIT,
     STRAGGLER,
+    Activity,
     CollectiveSample,
     DeviceSample,
     ExitRecord,

@@ -16,12 +16,12 @@ from prometheus_client import CollectorRegistry, ProcessCollector, start_http_se
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from scout_sys.consensus.hang import STATES
 from scout_sys.consensus.kinds import KINDS
 from scout_sys.errors import ScoutError
 from scout_sys.model import (
     ATTRIBUTED,
     INCONCLUSIVE,
+    STATES,
     Event,
     Snapshot,
 )
