@@ -173,8 +173,9 @@ def _first_disagreement(group: dict[int, CollectiveSample]
         # A field the probe could not read on some rank (None: its memory was not readable at that
         # instant, e.g. paged out during a checkpoint write) is compared on no rank at this position:
         # unknown is not different. The op is always read.
-        known = [i for i in range(len(next(iter(keys.values())))) if all(k[i] is not None for k in keys.values())]
-        if len(known) < len(next(iter(keys.values()))):
+        width = len(next(iter(keys.values())))
+        known = [i for i in range(width) if all(k[i] is not None for k in keys.values())]
+        if len(known) < width:
             keys = {r: tuple(k[i] for i in known) for r, k in keys.items()}
         v = c3.vote(keys)
         if v.status != c3.AGREE:
