@@ -173,28 +173,37 @@ class Monitor:
                     notes.append(f"{p.name}: {h.lost} updates lost (a bounded map was full)")
         return notes
 
-    def collect(self, window: float, *, proc_interval: float = 0.25, stack_interval: float = 0.5) -> list[Observation]:
+    def collect(self, window: float, *, proc_interval: float = 0.25, stack_interval: float | None = None
+                ) -> list[Observation]:
         """Sample every probe over ``window`` seconds; stacks at the start, every
-        ``stack_interval`` and at the end; /proc every ``proc_interval``."""
+        ``stack_interval`` (default: :func:`stack_interval_for` the window) and at the end; /proc every
+        ``proc_interval``."""
+        if stack_interval is None:
+            stack_interval = stack_interval_for(window)
         obs: list[Observation] = []
         t0 = self.clock()
         deadline = t0 + window
-        next_stack = t0
+        next_proc = next_stack = t0  # on a schedule from t0: a dump's own time does not thin the samples
         while True:
             now = self.clock()
             last = now >= deadline
-            if self._on(self.procfs):
+            if not self._on(self.procfs):
+                next_proc = deadline  # nothing to schedule: never a busy loop
+            elif now >= next_proc or last:
                 batch = self.procfs.sample(now)
                 obs += batch
+                next_proc = _next(next_proc, proc_interval, now)
                 if all(not s.alive for s in batch) and batch:
                     last = True  # nothing left to watch
-            if self._on(self.stacks) and (now >= next_stack or last):
+            if not self._on(self.stacks):
+                next_stack = deadline
+            elif now >= next_stack or last:
                 obs += self.stacks.dump()
-                next_stack = self.clock() + stack_interval
+                next_stack = _next(next_stack, stack_interval, self.clock())
             if last:
                 obs += self.sample_extra()
                 return obs
-            self.sleep(max(0.0, min(proc_interval, deadline - self.clock())))
+            self.sleep(max(0.0, min(next_proc, next_stack, deadline) - self.clock()))
 
     # ------------------------------------------------------------------ deciding
     def decide(self, obs: Sequence[Observation], window: tuple[float, float]) -> Diagnosis:
@@ -248,6 +257,23 @@ class Monitor:
         if native and d.incidents:
             d = replace(d, incidents=self.native_evidence(d.incidents))
         return d
+
+
+STACK_SAMPLES = 12  # a window's stack samples at least: with 7 (every 0.5 s in 3 s), a 4x compute
+# straggler caught in its own all-reduce 2 times in 7 looked like its peers one window in five
+STACK_INTERVAL = (0.25, 0.5)  # seconds: the densest (py-spy's cost: ~30 ms of CPU a rank) and sparsest
+
+
+def _next(due: float, interval: float, now: float) -> float:
+    """The next time on the schedule; after an overrun, now (one late sample, never a burst)."""
+    return max(due + interval, now)
+
+
+def stack_interval_for(window: float) -> float:
+    """How often one window dumps the ranks' stacks: a dozen samples at least, never more often than every
+    0.25 s (3 s: every 0.25 s; 6 s and longer: every 0.5 s)."""
+    lo, hi = STACK_INTERVAL
+    return min(hi, max(lo, window / STACK_SAMPLES))
 
 
 STILL_SLACK = 0.1  # seconds: a main thread that last ran this soon after the window began did not run in it

@@ -44,3 +44,26 @@ def test_a_job_stepping_slower_than_the_window_is_an_inconclusive_hang_not_healt
     assert rc == 1, d
     assert [(i["kind"], i["status"], i["ranks"]) for i in d["incidents"]] == [(HANG, INCONCLUSIVE, [])], d
     assert "too short" in d["incidents"][0]["summary"]
+
+
+def test_a_window_takes_a_dozen_stack_samples_on_a_schedule():
+    from scout_sys.model import Job, Rank
+    from scout_sys.monitor import Monitor, stack_interval_for
+
+    assert stack_interval_for(3.0) == 0.25 and stack_interval_for(6.0) == 0.5 and stack_interval_for(30) == 0.5
+    now = [100.0]
+    m = Monitor(Job(ranks=(Rank(rank=0, pid=1, host="h"),), world_size=1, launcher="torchrun", launcher_pid=1,
+                    host="h"), clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    dumps, procs = [], []
+
+    def dump(*_a, **_k):
+        dumps.append(now[0])
+        now[0] += 0.06  # py-spy's own time: the schedule does not slip by it
+        return []
+
+    m.stacks.dump = dump  # type: ignore[method-assign]
+    m.procfs.sample = lambda t: procs.append(t) or []  # type: ignore[method-assign]
+    m._started = [m.procfs, m.stacks]
+    m.collect(3.0)
+    assert len(dumps) == 13, dumps  # at 0, 0.25, ..., 2.75 and the end
+    assert len(procs) >= 12

@@ -232,3 +232,35 @@ def test_throttle_measure_confirmed_over_windows_is_a_straggler_with_its_cause()
     inc = straggler.confirm(_job(), hist)
     assert inc is not None and inc.ranks == (1,) and "cause: starved of CPU (throttled)" in inc.summary
     assert any(e.data.get("cause") == "throttled" for e in inc.evidence)
+
+
+def test_the_straggler_caught_in_its_own_all_reduce_now_and_then_is_still_named():
+    # a real 4x compute straggler on a loaded 2-core host: caught in its own all-reduce 3 times in 13,
+    # its peers 8 to 10 times, and in its compute (the same place the peers compute at) the rest: the
+    # wait is the collective even though the compute holds more samples than any one collective site
+    coll = _fr("wait_for_buckets", "main")
+    fwd = _fr("forward", "main")
+    peers = {0: [coll] * 9 + [fwd] * 4, 1: [coll] * 8 + [fwd] * 5, 2: [coll] * 10 + [fwd] * 3}
+    slow = [fwd] * 10 + [coll] * 3
+    obs, acts = _window({**peers, 3: slow}, dict.fromkeys(range(4), "running"))
+    got = straggler_window.never_waiting(_job(4), obs, acts)
+    assert set(got) == {3} and got[3][0] == 9 and got[3][3] == 3  # peers' median, its own
+
+
+def test_the_wait_place_ties_go_to_the_collectives():
+    c, f = ("coll", "allreduce", "train.py:5"), ("place", "forward")
+    assert straggler_window._wait_place([[c, c, f], [c, f, f], [f, f, c], [c, c, f]]) == c
+    assert straggler_window._wait_place([[c, f, f], [c, c, f], [f, f, c], [c, f, f]]) == f  # 3 of 4 compute
+    # the GPU shape: no collective frames, the peers' common polling place
+    p, g = ("place", "poll"), ("place", "gemm")
+    assert straggler_window._wait_place([[p, p, g], [p, g, p], [g, g, g], [p, p, p]]) == p
+
+
+def test_a_rank_waiting_half_as_often_as_its_peers_is_named_and_one_waiting_like_them_is_not():
+    w, f = WAIT, _fr("forward", "main")
+    base = {0: [w] * 8 + [f] * 4, 1: [w] * 8 + [f] * 4, 2: [w] * 8 + [f] * 4}
+    states = dict.fromkeys(range(4), "running")
+    obs, acts = _window({**base, 3: [w] * 4 + [f] * 8}, states)
+    assert set(straggler_window.never_waiting(_job(4), obs, acts)) == {3}
+    obs, acts = _window({**base, 3: [w] * 5 + [f] * 7}, states)
+    assert straggler_window.never_waiting(_job(4), obs, acts) == {}

@@ -33,22 +33,23 @@ from scout_sys.model import (
 
 # ---- one window (``diagnose``): the rank the others keep waiting for
 
-WAITED_MIN = 0.4  # share of stack samples in which a strict majority must be found waiting (peers of a
-# rank with 4x the work wait 3/4 of the time: with 7 samples, "more than half" missed one window in 14)
-# A straggler passes through its own collectives too, briefly: a sample may catch it there (at most
-# one in four; never with fewer than four samples).
-SELDOM = 4
+WAITED_MIN = 0.4  # share of stack samples in which a rank's peers (their median) must be found waiting
+# (peers of a rank with 4x the work wait 3/4 of the time; on a loaded host, half)
+# A straggler passes through its own collectives too, briefly (its own all-reduce; on a loaded host,
+# a peer not yet scheduled): a sample catches it there up to a third of the time. It waits at most half
+# as often as its typical peer.
+SELDOM = 2
 
 
 def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any]
-                  ) -> dict[int, tuple[int, int, str, int]]:
-    """From the window's stack samples: ranks that were (almost) never found waiting while a strict majority of
-    their peers — themselves progressing (their stacks move) — was found waiting in more than
-    ``WAITED_MIN`` of the samples, in a collective (Gloo) or at their common sync point (the GPU shape);
+                  ) -> dict[int, tuple[float, int, str, int]]:
+    """From the window's stack samples: ranks found waiting at most half as often as their peers (the median),
+    who — themselves progressing (their stacks move), a strict majority of them — were found waiting in more
+    than ``WAITED_MIN`` of the samples, in a collective (Gloo) or at their common sync point (the GPU shape);
     peers found in collectives at every sample count as progressing when they exchanged data.
     Only a rank that progresses itself (``running``, not writing a checkpoint) counts: a stuck one is a
-    hang. Returns rank -> (samples in which the majority waited, samples, where they waited, samples in
-    which the rank itself was found waiting)."""
+    hang. Returns rank -> (samples in which its peers were found waiting, their median; samples; where they
+    waited; samples in which the rank itself was found waiting)."""
     from scout_sys.consensus.hang import location_of, untorn
     from scout_sys.consensus.patterns import collective_of
 
@@ -63,28 +64,43 @@ def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any]
         for _o, main in untorn(rs):
             w = collective_of(main.frames)
             stacks.setdefault(rank, []).append(("coll", w.op, w.site) if w else ("place", location_of(main.frames)))
-    out: dict[int, tuple[int, int, str, int]] = {}
+    out: dict[int, tuple[float, int, str, int]] = {}
     for group in work_groups(job):
         ranks = [r for r in group if len(stacks.get(r, ())) >= 3]
         if len(ranks) < 3:
             continue
         k = min(len(stacks[r]) for r in ranks)
-        keys = [x for r in ranks for x in stacks[r][:k]]
-        wait_key = max(set(keys), key=keys.count)  # where the group spends its time: the wait
+        wait_key = _wait_place([stacks[r][:k] for r in ranks])
         waits = {r: [x == wait_key or x[0] == "coll" for x in stacks[r][:k]] for r in ranks}
-        waited = sum(sum(waits[r][i] for r in ranks) * 2 > len(ranks) for i in range(k))
-        if waited <= WAITED_MIN * k:
-            continue
         where = f"in {wait_key[1]} at {wait_key[2]}" if wait_key[0] == "coll" else "at their common sync point"
         for r in ranks:
             a = acts.get(r)
             peers = [p for p in ranks if p != r]
+            # its peers' waits, never its own: the rank they wait for is no part of "the group waits"
+            waited = statistics.median(sum(waits[p]) for p in peers)
             own = sum(waits[r])
-            if own * SELDOM > k or a is None or a.state != "running" or _writes_alone(a, [acts.get(p) for p in peers]):
+            if waited <= WAITED_MIN * k or own * SELDOM > waited:
+                continue
+            if a is None or a.state != "running" or _writes_alone(a, [acts.get(p) for p in peers]):
                 continue
             if sum(_moving(acts.get(p)) for p in peers) * 2 > len(peers):
                 out[r] = (waited, k, where, own)
     return out
+
+
+def _wait_place(per_rank: Sequence[Sequence[tuple]]) -> tuple:
+    """Where the group waits: the place most ranks spend most of their samples at (each rank's own
+    commonest place, then the most samples), every collective counted as one place. Counting samples
+    alone picks a straggler's compute when it sits there every time while its peers' samples are spread
+    over collectives (at several sites) and that same compute (on a loaded host, half their samples)."""
+    def place(x: tuple) -> tuple:
+        return ("coll",) if x[0] == "coll" else x
+
+    modes = [max(ps, key=ps.count) for ps in ([place(x) for x in xs] for xs in per_rank)]  # ties: the first
+    keys = [x for xs in per_rank for x in xs]
+    # a tie goes to the collectives: ranks inside one wait by definition, a place may be compute
+    best = max(modes, key=lambda x: (modes.count(x), x == ("coll",), sum(place(k) == x for k in keys)))
+    return max((k for k in keys if k[0] == "coll"), key=keys.count) if best == ("coll",) else best
 
 
 def _moving(a: Any) -> bool:
@@ -153,8 +169,8 @@ def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], win
             waited, k, where, own = seen[r]
             ev.append(Evidence("stack", f"rank {r} was "
                                f"{'never found waiting' if not own else f'found waiting in only {own} of {k} samples'}"
-                               f" while a strict majority of its peers waited {where} in {waited} of {k} stack samples",
-                               rank=r, data={"samples": k, "majority_waiting": waited}))
+                               f" while its peers were found waiting {where} in {waited:g} of {k} stack samples"
+                               " (their median)", rank=r, data={"samples": k, "peers_waiting": waited}))
         ws = named.get(r, [])
         for w in ws:
             ev.append(Evidence("ebpf" if w.metric == "lag" else "procfs", _rank_text(w, r), rank=r,
