@@ -43,7 +43,13 @@ def main() -> int:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     import deepspeed
+    import deepspeed.ops
 
+    # DeepSpeed's CPU accelerator JIT-compiles its shared-memory all-reduce (deepspeed_shm_comm, an
+    # inference fast path) on first use: ~50 s of the 2-core test machine's time in every fresh venv,
+    # and its compatibility probe runs compilers too. Training goes through deepspeed.comm over Gloo
+    # either way, which is what the tests read; no op is probed or built.
+    deepspeed.ops.__compatible_ops__ = {}
     deepspeed.init_distributed("gloo")
     rank = int(os.environ["RANK"])
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
