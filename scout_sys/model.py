@@ -241,6 +241,7 @@ class StackSample:
     error: str | None = None
     native: bool = False
     source: str = "stack"
+    denied: bool = False  # the error is a refusal to read the process (ptrace / permissions), said by the probe
 
     def main(self) -> ThreadStack | None:
         """The thread that runs the training loop: MainThread, else the first one listed."""

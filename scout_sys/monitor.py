@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from scout_sys.consensus import desync, hang, peers, rules
-from scout_sys.errors import SUDO_HINT, PermissionDenied, ProbeUnavailable
+from scout_sys.errors import ProbeUnavailable
 from scout_sys.model import (
     ATTRIBUTED,
     HANG,
@@ -30,7 +30,7 @@ from scout_sys.model import (
 )
 from scout_sys.probes import Probe
 from scout_sys.probes.procfs import ProcfsProbe
-from scout_sys.probes.pystack import StackDumper
+from scout_sys.probes.pystack import StackDumper, check_access
 
 STARTING = "starting"
 CLOSE_TIMEOUT = 1.0  # seconds close() waits for a probe still compiling; it detaches itself after
@@ -250,7 +250,7 @@ class Monitor:
         """One shot: sample over ``window``, decide. The Monitor must be started."""
         t0 = self.clock()
         obs = self.collect(window)
-        _check_stack_permission(obs)
+        check_access(obs)
         d = self.decide(obs, (t0, self.clock()))
         if not d.incidents and (short := too_short(self.job, obs, (t0, d.time))) is not None:
             d = replace(d, incidents=(short,))
@@ -341,14 +341,6 @@ def detach_in_child(probes: Sequence[object]) -> bool:
     for p in probes:
         p.handoff()  # type: ignore[attr-defined]
     return True
-
-
-def _check_stack_permission(obs: Sequence[Observation]) -> None:
-    """No stack of any rank could be read for lack of permission: say so instead of guessing."""
-    stacks = [o for o in obs if isinstance(o, StackSample)]
-    if stacks and all(s.error and ("ermission" in s.error or "EPERM" in s.error or "ptrace" in s.error)
-                      for s in stacks):
-        raise PermissionDenied(f"py-spy may not read the ranks' memory ({stacks[0].error}): {SUDO_HINT}")
 
 
 def default_extra_probes() -> list[Probe]:

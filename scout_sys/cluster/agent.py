@@ -264,7 +264,7 @@ class Agent:
     def _window(self, window: float) -> dict[str, Any]:
         """One window of this host's ranks, as the Monitor of ``diagnose`` samples it."""
         from scout_sys.consensus import hang
-        from scout_sys.monitor import _check_stack_permission
+        from scout_sys.probes.pystack import check_access
 
         base = {"node": self.node, "host": self.name}
         if self.monitor is None or self.job is None:
@@ -274,7 +274,7 @@ class Agent:
         t1 = self.clock()
         self.local.window(obs, t1)
         try:
-            _check_stack_permission(obs)
+            check_access(obs)
         except ScoutError as e:
             return {**base, "error": str(e)}
         acts = hang.activities(self.job, obs)

@@ -14,9 +14,11 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+from scout_sys.errors import SUDO_HINT, PermissionDenied
 from scout_sys.model import Frame, Job, StackSample, ThreadStack
 
 
@@ -47,6 +49,22 @@ def parse_dump(text: str) -> tuple[ThreadStack, ...]:
     return tuple(threads)
 
 
+DENIALS = ("ermission", "EPERM", "ptrace")  # py-spy's words for "may not read this process"
+
+
+def _is_denial(error: str) -> bool:
+    """py-spy's message says it may not read the process (rather than: it is gone, or unreadable)."""
+    return any(w in error for w in DENIALS)
+
+
+def check_access(obs: Sequence[object]) -> None:
+    """No stack of any rank could be read for lack of permission: raise PermissionDenied (one line, exit
+    2) instead of deciding from nothing."""
+    stacks = [o for o in obs if isinstance(o, StackSample)]
+    if stacks and all(s.denied for s in stacks):
+        raise PermissionDenied(f"py-spy may not read the ranks' memory ({stacks[0].error}): {SUDO_HINT}")
+
+
 def dump(pid: int, *, native: bool = False, timeout: float = 2.0, py_spy: str | None = None) -> StackSample:
     """One stack dump of one process. Errors are returned in the sample, never raised."""
     exe = py_spy or find_py_spy()
@@ -63,7 +81,8 @@ def dump(pid: int, *, native: bool = False, timeout: float = 2.0, py_spy: str | 
         return StackSample(time=now, rank=-1, pid=pid, error=f"py-spy failed: {e}")
     if out.returncode != 0:
         msg = (out.stderr or out.stdout).strip().splitlines()
-        return StackSample(time=now, rank=-1, pid=pid, error=(msg[-1] if msg else f"exit {out.returncode}")[:300])
+        error = (msg[-1] if msg else f"exit {out.returncode}")[:300]
+        return StackSample(time=now, rank=-1, pid=pid, error=error, denied=_is_denial(error))
     try:
         threads = parse_dump(out.stdout)
     except (ValueError, TypeError, AttributeError) as e:
