@@ -69,3 +69,10 @@ def test_8192_ranks():
     assert len(v.majority) == 8189
     half = {r: ("a" if r < 4096 else "b") for r in range(8192)}
     assert c3.vote(half).status == c3.INCONCLUSIVE
+
+
+def test_strict_majority_is_more_than_half_and_a_tie_is_not():
+    from scout_sys.consensus.c3 import strict_majority
+
+    assert strict_majority(3, 4) and strict_majority(2, 3) and strict_majority(1, 1)
+    assert not strict_majority(2, 4) and not strict_majority(0, 0) and not strict_majority(1, 3)

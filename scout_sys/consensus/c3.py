@@ -34,6 +34,11 @@ class Vote:
         return self.status == ATTRIBUTED
 
 
+def strict_majority(k: int, n: int) -> bool:
+    """``k`` of ``n`` is more than half (ties are not): the one test every rule asks of a count."""
+    return 2 * k > n
+
+
 def vote(signatures: Mapping[int, Hashable]) -> Vote:
     """Strict-majority vote over ``rank -> signature``."""
     n = len(signatures)
@@ -44,7 +49,7 @@ def vote(signatures: Mapping[int, Hashable]) -> Vote:
     sig, top = ranked[0]
     if top == n:
         return Vote(AGREE, tuple(sorted(signatures)), (), sig, ranked)
-    if 2 * top > n:
+    if strict_majority(top, n):
         majority = tuple(sorted(r for r, s in signatures.items() if s == sig))
         minority = tuple(sorted(r for r, s in signatures.items() if s != sig))
         return Vote(ATTRIBUTED, majority, minority, sig, ranked)

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from scout_sys.consensus import c3
 from scout_sys.model import (
     HANG,
     INCONCLUSIVE,
@@ -95,7 +96,7 @@ def signals(job: Job, acts: Mapping[int, Any], obs: Sequence[Observation], ranks
     progressed = False
     if coll:
         moved = sorted(r for r, t in coll.items() if t >= window[0])
-        progressed = 2 * len(moved) > len(ranks)
+        progressed = c3.strict_majority(len(moved), len(ranks))
         last = max(coll.values())
         parts.append(f"collective sequence numbers (eBPF) of {ranks_text(sorted(coll))}: "
                      + (f"moved on {ranks_text(moved)}" if moved

@@ -256,7 +256,7 @@ def _analyze(job: Job, pg: str, group: dict[int, CollectiveSample], min_wait: fl
         return []
     waiting = [r for r in v.majority if group[r].last_enter is not None
                and group[r].time - group[r].last_enter >= (min_wait if group[r].inside else max(min_wait, QUIET_ASYNC))]
-    if 2 * len(waiting) <= len(group):
+    if not c3.strict_majority(len(waiting), len(group)):
         return []
     seq = v.signature
     behind = tuple(r for r in v.minority if group[r].seq < seq)  # type: ignore[operator]

@@ -81,7 +81,7 @@ def untorn(samples: list[tuple[StackSample, Any]]) -> list[tuple[StackSample, An
         return samples
     roots = Counter((m.frames[-1].file, m.frames[-1].function) for _, m in samples)
     root, n = roots.most_common(1)[0]
-    if 2 * n <= len(samples):
+    if not c3.strict_majority(n, len(samples)):
         return samples
     return [(s, m) for s, m in samples if (m.frames[-1].file, m.frames[-1].function) == root]
 
@@ -364,7 +364,7 @@ def _attribute(job: Job, origins: list[Activity], witnesses: list[Activity], lab
             ev += _rank_evidence(a)
         if witnesses:
             ev.append(_majority_evidence(job, witnesses, label))
-        if decisive_only and 2 * len(witnesses) <= n:
+        if decisive_only and not c3.strict_majority(len(witnesses), n):
             ev.append(Evidence("procfs", f"no strict majority of waiting ranks ({len(witnesses)} of {n}); "
                                "the process state is decisive on its own"))
         first = acts[0]

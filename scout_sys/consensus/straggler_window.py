@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from scout_sys.consensus import c3
 from scout_sys.consensus.cpushare import BUSY_FLOOR, Cause, busy_shares, cause, shares
 from scout_sys.consensus.peers import work_groups
 from scout_sys.consensus.straggler import (
@@ -83,7 +84,7 @@ def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any]
                 continue
             if a is None or a.state != "running" or _writes_alone(a, [acts.get(p) for p in peers]):
                 continue
-            if sum(_moving(acts.get(p)) for p in peers) * 2 > len(peers):
+            if c3.strict_majority(sum(_moving(acts.get(p)) for p in peers), len(peers)):
                 out[r] = (waited, k, where, own)
     return out
 

@@ -217,7 +217,7 @@ def analyze(waits: Mapping[int, Wait], groups: Sequence[Sequence[int]]) -> Graph
     # 5. The witnesses (every waiting rank, all of whose chains end at the origins) are a strict
     #    majority of the ranks observed here: one waiting rank of two names nobody.
     witnesses = sum(len(e.waiters) for e in edges)
-    if 2 * witnesses <= len(waits):
+    if not c3.strict_majority(witnesses, len(waits)):
         return _replace(graph, reason=f"only {witnesses} of {len(waits)} ranks wait: no strict majority of "
                         "witnesses confirms the origin")
     # 6. Every group of 3+ members that holds an origin and in which ranks wait: its strict majority
@@ -227,7 +227,7 @@ def analyze(waits: Mapping[int, Wait], groups: Sequence[Sequence[int]]) -> Graph
         waiting_in[g] = waiting_in.get(g, 0) + len(rs)
     for g, cnt in waiting_in.items():
         members = groups[g]
-        if len(members) >= 3 and any(o in kinds for o in members) and 2 * cnt <= len(members):
+        if len(members) >= 3 and any(o in kinds for o in members) and not c3.strict_majority(cnt, len(members)):
             return _replace(graph, reason=f"only {cnt} of the {len(members)} members of group "
                             f"{members_text(members)} wait in it: no strict majority confirms the origin")
     return _replace(graph, status=ATTRIBUTED)
