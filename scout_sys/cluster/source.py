@@ -47,14 +47,13 @@ Beats = Mapping[int, tuple[Heartbeat | None, str]]
 
 class _Tap:
     """A store client that keeps what the watcher read through it last: the heartbeats, and (from
-    :class:`~scout_sys.cluster.client.ClusterClient`) the last window's answers."""
+    :class:`~scout_sys.cluster.client.ClusterClient`) the last window's answers. It is a
+    :class:`~scout_sys.cluster.watch.Client` itself: the watcher reaches the client through these
+    methods only."""
 
     def __init__(self, client: Client) -> None:
         self.inner = client
         self.beats: Beats = {}
-
-    def __getattr__(self, name: str) -> Any:  # the rest of the client, as it is
-        return getattr(self.inner, name)
 
     def heartbeats(self) -> dict[int, tuple[Heartbeat | None, str]]:
         beats = self.inner.heartbeats()
