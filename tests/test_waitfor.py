@@ -277,3 +277,12 @@ def test_a_pipeline_group_with_stages_elsewhere_names_nobody():
     waits = {1: Wait(1, "waiting", 0, "recv at p.py:7", p2p=True), 0: Wait(0, "idle")}
     g = analyze(waits, [(0, 1, 2, 3, -1)])
     assert g.status == INCONCLUSIVE and "not observed on this host" in g.reason, g
+
+
+def test_a_pause_is_a_value_of_the_graph_not_its_sentence():
+    from scout_sys.consensus.waitfor import NONE, PROGRESS, Graph
+
+    assert Graph(NONE, ends=frozenset({PROGRESS})).pause
+    assert not Graph(NONE, ends=frozenset({PROGRESS, "elsewhere"})).pause
+    assert not Graph("inconclusive", ends=frozenset({PROGRESS})).pause
+    assert not Graph(NONE, reason="a rank that is still progressing (a pause, not a hang)").pause

@@ -48,7 +48,6 @@ _WHY = {
     TIE: "a group whose members wait in different collectives with no strict majority",
 }
 MAX_CHAINS = 8  # representative chains kept for people
-PAUSE = _WHY[PROGRESS]  # a graph of status NONE with this reason: every chain ends at a progressing rank
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,13 @@ class Graph:
     origins: tuple[int, ...] = ()  # where every chain ends (attributed), else candidates seen
     kinds: Mapping[int, str] = field(default_factory=dict)  # origin -> its state ("desync" for desync)
     chains: tuple[tuple[int, ...], ...] = ()  # representative chains, waiter first, origin last
-    reason: str = ""  # why inconclusive (or "")
+    reason: str = ""  # why inconclusive (or ""), for people
+    ends: frozenset[str] = frozenset()  # how chains end when not at an origin (ELSEWHERE, PROGRESS, ...)
+
+    @property
+    def pause(self) -> bool:
+        """Nobody is named and every chain ends at a progressing rank: a pause, not a hang."""
+        return self.status == NONE and self.ends == {PROGRESS}
 
     def edges_json(self, limit: int = 256) -> list[dict[str, Any]]:
         return [e.to_json() for e in self.edges[:limit]]
@@ -210,10 +215,10 @@ def analyze(waits: Mapping[int, Wait], groups: Sequence[Sequence[int]]) -> Graph
         problems.add(NO_GROUP)
     if problems:
         if problems <= {PROGRESS} and not origins:
-            return Graph(NONE, tuple(edges), (), {}, chains, _WHY[PROGRESS])
+            return Graph(NONE, tuple(edges), (), {}, chains, _WHY[PROGRESS], frozenset(problems))
         texts = {**_WHY, NO_GROUP: f"{_WHY[NO_GROUP]} ({ranks_text(no_group)})" if no_group else _WHY[NO_GROUP]}
         why = "; ".join(texts.get(p, "a cycle of waits with no rank outside it") for p in sorted(problems))
-        return _replace(graph, reason=f"chains end at {why}")
+        return _replace(graph, reason=f"chains end at {why}", ends=frozenset(problems))
     # 5. The witnesses (every waiting rank, all of whose chains end at the origins) are a strict
     #    majority of the ranks observed here: one waiting rank of two names nobody.
     witnesses = sum(len(e.waiters) for e in edges)

@@ -17,7 +17,6 @@ from scout_sys.consensus.kinds import HANG_KINDS
 from scout_sys.consensus.waitfor import (
     ATTRIBUTED,
     NONE,
-    PAUSE,
     Graph,
     Wait,
     analyze,
@@ -112,7 +111,7 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
     if sample is None or not (stalled or named):
         return incidents, []
     g, waits, tie_note = analyze_sample(acts, sample)
-    if g.status == NONE and g.edges and g.reason == PAUSE and not named:
+    if g.pause and g.edges and not named:
         # Every chain of waits ends at a rank that is still moving: a rank catching up, the waits still
         # spreading out from an origin on a loaded machine, or a rank that loops elsewhere and never
         # comes. One window cannot tell these apart: the stall stays inconclusive, and its evidence
