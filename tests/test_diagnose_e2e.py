@@ -1,7 +1,7 @@
 """diagnose against real torchrun / shell-launched CPU jobs on Gloo, with real py-spy.
 
-Each test starts a tiny job, waits for its fault, runs the real command line and checks the exact
-origin ranks and kind. Jobs are killed at teardown (conftest.start_job)."""
+Each test starts a tiny job (three share one: healthy, then its hang), waits for its fault, runs the
+real command line and checks the exact origin ranks and kind. Jobs are killed at teardown."""
 
 from __future__ import annotations
 
@@ -41,13 +41,62 @@ def test_torchrun_4_ranks_each_fault(start_job, fault, rank, kind):
     assert all(states[r] == "waiting" for r in range(4) if r != rank), states
 
 
-def test_selecting_by_a_rank_pid_finds_its_siblings(start_job):
-    job = start_job(4, fault="hang", fault_rank=0)
-    faulty_pid = job.wait_fault()
-    settle(job, faulty_pid)
+# One job for three tests, in this order (one xdist group): healthy, then rank 2's hang (held back
+# until the go-file exists) read as a person reads it and selected by the faulty rank's own pid.
+
+@pytest.fixture(scope="module")
+def hang_later(tmp_path_factory):
+    """A 4-rank demo job whose rank 2 hangs once its go-file exists; yields (job, go-file)."""
+    from scout_sys.demo.launch import DemoJob
+
+    go = tmp_path_factory.mktemp("hang-later") / "go"
+    job = DemoJob(4, fault="hang", fault_rank=2, args=["--fault-when", str(go)])
+    job.start()
+    try:
+        job.wait_steps(2)
+        yield job, go
+    finally:
+        job.stop()
+        assert job.pids() == [], "processes of the hang-later job left behind"
+
+
+def _hung(job, go) -> int:
+    go.touch()
+    pid = job.wait_fault()
+    settle(job, pid)
+    return pid
+
+
+@pytest.mark.xdist_group("hang-later")
+def test_healthy_job_is_healthy(hang_later):
+    job, go = hang_later
+    assert not go.exists()
+    rc, d = diagnose_json(job.pid)
+    assert (rc, d["status"], d["incidents"]) == (0, "healthy", [])
+    states = {r["rank"]: r["state"] for r in d["job"]["ranks"]}
+    # a healthy rank moves, waits for its peers in all_reduce, or sleeps in its data loading; never
+    # spins at one place, stops, or is gone, and over a whole window some rank moved
+    assert set(states.values()) <= {"running", "waiting", "idle"} and "running" in states.values(), states
+
+
+@pytest.mark.xdist_group("hang-later")
+def test_human_output_names_rank_host_pid_and_where(hang_later):
+    job, go = hang_later
+    pid = _hung(job, go)
+    out = scout("diagnose", "--job", str(job.pid), "--window", "2")
+    assert out.returncode == 1, out.stderr
+    text = out.stdout
+    assert "INCIDENT hang (attributed): rank 2" in text
+    assert f"pid {pid}" in text and "load_next_batch_stuck" in text and "all_reduce" in text
+
+
+@pytest.mark.xdist_group("hang-later")
+def test_selecting_by_a_rank_pid_finds_its_siblings(hang_later):
+    job, go = hang_later
+    faulty_pid = _hung(job, go)
     rc, d = diagnose_json(faulty_pid)
     assert rc == 1
-    assert origins(d) == [("hang", "attributed", [0])]
+    assert origins(d) == [("hang", "attributed", [2])]
     assert len(d["job"]["ranks"]) == 4
 
 
@@ -79,17 +128,6 @@ def test_8_ranks(start_job):
     assert rc == 1
     assert origins(d) == [("hang", "attributed", [6])]
     assert d["job"]["world_size"] == 8 and len(d["job"]["ranks"]) == 8
-
-
-def test_healthy_job_is_healthy(start_job):
-    job = start_job(4)
-    job.wait_steps(2)
-    rc, d = diagnose_json(job.pid)
-    assert (rc, d["status"], d["incidents"]) == (0, "healthy", [])
-    states = {r["rank"]: r["state"] for r in d["job"]["ranks"]}
-    # a healthy rank moves, waits for its peers in all_reduce, or sleeps in its data loading; never
-    # spins at one place, stops, or is gone, and over a whole window some rank moved
-    assert set(states.values()) <= {"running", "waiting", "idle"} and "running" in states.values(), states
 
 
 def test_checkpoint_pauses_at_barriers_are_healthy(start_job):
@@ -154,14 +192,3 @@ def test_unseen_ddp_trainer_healthy(start_job):
     job.wait_for(r"OTHER step 10")
     rc, d = diagnose_json(job.pid)
     assert (rc, d["incidents"]) == (0, []), d
-
-
-def test_human_output_names_rank_host_pid_and_where(start_job):
-    job = start_job(4, fault="hang", fault_rank=2)
-    pid = job.wait_fault()
-    settle(job, pid)
-    out = scout("diagnose", "--job", str(job.pid), "--window", "2")
-    assert out.returncode == 1, out.stderr
-    text = out.stdout
-    assert "INCIDENT hang (attributed): rank 2" in text
-    assert f"pid {pid}" in text and "load_next_batch_stuck" in text and "all_reduce" in text

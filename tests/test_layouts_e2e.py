@@ -2,8 +2,8 @@
 a 2-stage pipeline on dp=4 x pp=2 (8 ranks) and a 2-way tensor-parallel MLP on dp=2 x tp=2.
 
 Healthy jobs are healthy (ranks at different pipeline stages or tensor-parallel positions wait in
-different collectives legitimately); one faulty rank is named exactly, with its coordinates. Every
-job is killed at teardown (conftest.start_job)."""
+different collectives legitimately); one faulty rank is named exactly, with its coordinates. One job
+per layout serves both: healthy first, then its fault on a go-file; each is killed at the module's end."""
 
 from __future__ import annotations
 
@@ -25,8 +25,46 @@ def _diagnose(pid: int, *extra: str, window: float = 2.5) -> tuple[int, dict]:
     return out.returncode, json.loads(out.stdout)
 
 
-def _start(start_job, nproc: int, layout: str, fault: str = "none", rank: int = 2):
-    return start_job(nproc, script=LAYOUTS, args=["--layout", layout, "--fault", fault, "--fault-rank", str(rank)])
+def _layout_job(tmp_path_factory, nproc: int, layout: str, fault: str, rank: int):
+    """One job per layout for its healthy test and then its fault (held back until the go-file exists,
+    which the fault test creates): one launch instead of two. Yields (job, go-file)."""
+    from scout_sys.demo.launch import DemoJob
+
+    go = tmp_path_factory.mktemp(layout) / "go"
+    job = DemoJob(nproc, script=LAYOUTS, args=["--layout", layout, "--fault", fault, "--fault-rank", str(rank),
+                                               "--fault-when", str(go)])
+    job.start()
+    try:
+        yield job, go
+    finally:
+        job.stop()
+        assert job.pids() == [], f"processes of the {layout} job left behind"
+
+
+def _fault(job, go) -> None:
+    go.touch()
+    job.wait_for(r"LAYOUT fault ", timeout=120)
+    settle(job)
+
+
+@pytest.fixture(scope="module")
+def ddp_job(tmp_path_factory):
+    yield from _layout_job(tmp_path_factory, 4, "ddp", "desync", 2)
+
+
+@pytest.fixture(scope="module")
+def fsdp_job(tmp_path_factory):
+    yield from _layout_job(tmp_path_factory, 4, "fsdp", "hang", 1)
+
+
+@pytest.fixture(scope="module")
+def pp_job(tmp_path_factory):
+    yield from _layout_job(tmp_path_factory, 8, "pp", "hang", 2)
+
+
+@pytest.fixture(scope="module")
+def tp_job(tmp_path_factory):
+    yield from _layout_job(tmp_path_factory, 4, "tp", "hang", 2)
 
 
 def _coords_evidence(d: dict, rank: int) -> dict:
@@ -42,28 +80,32 @@ def _healthy(job, topology: str | None, steps: int = 4) -> None:
     assert (rc, d["status"], d["incidents"]) == (0, "healthy", []), d
 
 
-def test_ddp_healthy(start_job):
-    _healthy(_start(start_job, 4, "ddp"), "dp=4")
+# each layout's healthy test runs first on its job (one xdist group, in file order), then its fault
+
+@pytest.mark.xdist_group("layout-ddp")
+def test_ddp_healthy(ddp_job):
+    _healthy(ddp_job[0], "dp=4")
 
 
-def test_ddp_desync_named_with_coordinates(start_job):
-    job = _start(start_job, 4, "ddp", "desync", rank=2)
-    job.wait_for(r"LAYOUT fault desync", timeout=120)
-    settle(job)
+@pytest.mark.xdist_group("layout-ddp")
+def test_ddp_desync_named_with_coordinates(ddp_job):
+    job, go = ddp_job
+    _fault(job, go)
     rc, d = _diagnose(job.pid, "--topology", "dp=4")
     assert origins(d) == [("collective_desync", "attributed", [2])], d["incidents"]
     assert _coords_evidence(d, 2) == {"dp": 2}
     assert "broadcast" in d["incidents"][0]["summary"]
 
 
-def test_fsdp2_healthy(start_job):
-    _healthy(_start(start_job, 4, "fsdp"), None)
+@pytest.mark.xdist_group("layout-fsdp")
+def test_fsdp2_healthy(fsdp_job):
+    _healthy(fsdp_job[0], None)
 
 
-def test_fsdp2_hang_named_with_coordinates(start_job):
-    job = _start(start_job, 4, "fsdp", "hang", rank=1)
-    job.wait_for(r"LAYOUT fault hang", timeout=120)
-    settle(job)
+@pytest.mark.xdist_group("layout-fsdp")
+def test_fsdp2_hang_named_with_coordinates(fsdp_job):
+    job, go = fsdp_job
+    _fault(job, go)
     rc, d = _diagnose(job.pid, "--topology", "dp=4")
     assert origins(d) == [("hang", "attributed", [1])], d["incidents"]
     assert _coords_evidence(d, 1) == {"dp": 1}
@@ -72,8 +114,9 @@ def test_fsdp2_hang_named_with_coordinates(start_job):
                for r in (0, 2, 3)), states
 
 
-def test_pipeline_dp4_pp2_healthy(start_job):
-    job = _start(start_job, 8, "pp")
+@pytest.mark.xdist_group("layout-pp")
+def test_pipeline_dp4_pp2_healthy(pp_job):
+    job = pp_job[0]
     job.wait_for(r"LAYOUT step 3", timeout=150)
     for extra in (("--topology", "dp=4,pp=2"), ()):
         rc, d = _diagnose(job.pid, *extra, window=2.0)
@@ -81,13 +124,13 @@ def test_pipeline_dp4_pp2_healthy(start_job):
     assert d["job"]["world_size"] == 8
 
 
-def test_pipeline_dp4_pp2_hang_names_the_stage_and_rank(start_job):
+@pytest.mark.xdist_group("layout-pp")
+def test_pipeline_dp4_pp2_hang_names_the_stage_and_rank(pp_job):
     # rank 2 = (dp=1, pp=0) stops feeding the pipeline: its stage-0 replicas wait in the dp all-reduce,
     # its stage-1 neighbour (rank 3) waits in the pipeline's recv, the other stage-1 ranks in their
     # all-reduce. Rank 3 is a witness (another peer group), not a culprit.
-    job = _start(start_job, 8, "pp", "hang", rank=2)
-    job.wait_for(r"LAYOUT fault hang", timeout=150)
-    settle(job)
+    job, go = pp_job
+    _fault(job, go)
     rc, d = _diagnose(job.pid, "--topology", "dp=4,pp=2")
     assert origins(d) == [("hang", "attributed", [2])], d["incidents"]
     inc = d["incidents"][0]
@@ -103,16 +146,17 @@ def test_pipeline_dp4_pp2_hang_names_the_stage_and_rank(start_job):
     assert any("shape of activity" in n for n in d["notes"]), d["notes"]
 
 
-def test_tensor_parallel_healthy(start_job):
-    _healthy(_start(start_job, 4, "tp"), "dp=2,tp=2")
+@pytest.mark.xdist_group("layout-tp")
+def test_tensor_parallel_healthy(tp_job):
+    _healthy(tp_job[0], "dp=2,tp=2")
 
 
-def test_tensor_parallel_hang_across_groups(start_job):
+@pytest.mark.xdist_group("layout-tp")
+def test_tensor_parallel_hang_across_groups(tp_job):
     # dp=2 x tp=2: peer groups of two have no strict majority on their own; across groups 3 of 4 ranks
     # wait (rank 3, rank 2's tensor-parallel partner, in wait_tensor) and rank 2 is stuck outside.
-    job = _start(start_job, 4, "tp", "hang", rank=2)
-    job.wait_for(r"LAYOUT fault hang", timeout=120)
-    settle(job)
+    job, go = tp_job
+    _fault(job, go)
     rc, d = _diagnose(job.pid, "--topology", "dp=2,tp=2")
     assert origins(d) == [("hang", "attributed", [2])], d["incidents"]
     assert _coords_evidence(d, 2) == {"dp": 1, "tp": 0}
