@@ -4,6 +4,8 @@ Two measures per rank and per window, the first available wins:
 
 - ``lag`` (eBPF collective probe): how long after the first rank this rank enters the same
   collective (same group, same sequence number), median over the window. The straggler arrives last.
+  Where no collective spans every rank (dp x tp sub-groups), the rank late in every process group it
+  belongs to (straggler_groups.py).
 - ``busy`` (procfs): the fraction of the window the rank's main thread was on a CPU or waiting for
   one (schedstat: on-CPU + run-queue time, which includes CPU-quota throttling). Peers of a
   straggler sleep in the collective waiting for it; the straggler waits least.
@@ -30,7 +32,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from scout_sys.consensus import c3
+from scout_sys.consensus import c3, straggler_groups
 from scout_sys.consensus.cpushare import (
     BUSY_FLOOR,
     THROTTLE_FLOOR,
@@ -79,6 +81,8 @@ class WindowVerdict:
     slack: float | None = None  # peers' idle share outside collectives (lag metric, with procfs data)
     periods: dict[int, float] = field(default_factory=dict, hash=False, compare=False)  # per rank
     causes: dict[int, Cause] = field(default_factory=dict, hash=False, compare=False)  # per suspect
+    # lag from sub-groups (straggler_groups.py): the slow process groups the suspect was intersected from
+    groups: tuple[str, ...] = field(default=(), hash=False, compare=False)
 
 
 def periods(obs: Sequence[Observation], start: float, end: float) -> dict[int, float]:
@@ -147,7 +151,8 @@ def window_verdict(job: Job, obs: Sequence[Observation], start: float, end: floa
     values = {r: v for w in same for r, v in w.values.items()}
     suspects = tuple(sorted(r for w in same for r in w.suspects))
     return WindowVerdict(start, end, lead.metric, values, suspects, lead.median, lead.threshold, lead.period,
-                         lead.slack, lead.periods, {r: c for w in same for r, c in w.causes.items()})
+                         lead.slack, lead.periods, {r: c for w in same for r, c in w.causes.items()},
+                         tuple(sorted({g for w in same for g in w.groups})))
 
 
 def _group_verdict(job: Job, group: Sequence[int], obs: Sequence[Observation], start: float,
@@ -209,16 +214,16 @@ def _primary(live: Sequence[int], obs: Sequence[Observation], start: float, end:
     lags, period = _lags(obs, live, start, end)
     busy = busy_shares(obs, live)
     writers = _writing_alone(obs, live)
+    if not lags:
+        # no collective entered by every rank (sub-groups: dp x tp): the rank late in each of its groups
+        sub = _groups_verdict(live, obs, start, end, busy)
+        if sub is not None:
+            return sub
     if lags:
-        floor = max(LAG_FLOOR, LAG_FLOOR_OF_PERIOD * (period or 0.0))
-        sus, med, thr = _outliers(lags, floor)
-        slack = None
-        if sus and period and len(busy) == len(live):
-            peers = [r for r in live if r not in sus]
-            wait = (max(lags[r] for r in sus) - med) / period
-            slack = 1.0 - statistics.median(busy[r] for r in peers) - wait
-            if slack > SLACK_MAX:
-                sus = ()
+        sus, med, thr = _outliers(lags, _lag_floor(period))
+        slack = _slack(lags, sus, med, period, busy, live)
+        if slack is not None and slack > SLACK_MAX:
+            sus = ()
         lagv = WindowVerdict(start, end, "lag", lags, sus, med, thr, period, slack, periods(obs, start, end))
         if sus or len(busy) != len(live):
             return lagv
@@ -232,6 +237,58 @@ def _primary(live: Sequence[int], obs: Sequence[Observation], start: float, end:
         sus = tuple(r for r in sus if r not in writers)  # a checkpoint writer is a pause
         return WindowVerdict(start, end, "busy", busy, sus, med, thr, None, None, periods(obs, start, end))
     return WindowVerdict(start, end, "")
+
+
+def _lag_floor(period: float | None) -> float:
+    return max(LAG_FLOOR, LAG_FLOOR_OF_PERIOD * (period or 0.0))
+
+
+def _slack(lags: Mapping[int, float], sus: Sequence[int], med: float, period: float | None,
+           busy: Mapping[int, float], live: Sequence[int]) -> float | None:
+    """The peers' idle share of the step outside the wait for the suspects (None: not known)."""
+    if not (sus and period and len(busy) == len(live)):
+        return None
+    peers = [r for r in live if r not in sus]
+    wait = (max(lags[r] for r in sus) - med) / period
+    return 1.0 - statistics.median(busy[r] for r in peers) - wait
+
+
+def _groups_verdict(live: Sequence[int], obs: Sequence[Observation], start: float, end: float,
+                    busy: Mapping[int, float]) -> WindowVerdict | None:
+    """The lag verdict from process sub-groups (straggler_groups.py), when it names a rank."""
+    seen: dict[str, set[int]] = {}
+    for o in obs:
+        if isinstance(o, CollectiveSample) and o.rank in live:
+            seen.setdefault(o.group, set()).add(o.rank)
+    per: dict[str, tuple[dict[int, float], float | None]] = {}
+    for g, members in sorted(seen.items()):
+        if len(members) >= 2:
+            mine = [o for o in obs if isinstance(o, CollectiveSample) and o.group == g]
+            lags, period = _lags(mine, sorted(members), start, end)
+            if lags:
+                per[g] = (lags, period)
+    floors = {g: _lag_floor(p) for g, (_l, p) in per.items()}
+    x = straggler_groups.intersect({g: lags for g, (lags, _p) in per.items()}, floors)
+    if x.origin is None:
+        return None
+    mine_slow = tuple(g for g in x.slow if x.late[g] == x.origin)
+    ps = [p for g in mine_slow if (p := per[g][1]) is not None]
+    period = statistics.median(ps) if ps else None
+    med = statistics.median(x.values.values())
+    slack = _slack(x.values, (x.origin,), med, period, busy, live)
+    if slack is not None and slack > SLACK_MAX:
+        return None
+    return WindowVerdict(start, end, "lag", x.values, (x.origin,), med, med + min(floors[g] for g in mine_slow),
+                         period, slack, periods(obs, start, end), groups=mine_slow)
+
+
+def groups_evidence(w: WindowVerdict, r: int) -> list[Evidence]:
+    """Which slow process groups a sub-group lag verdict intersected (none for the other verdicts)."""
+    if not w.groups or r not in w.suspects:
+        return []
+    return [Evidence("ebpf", f"rank {r} arrives last in every process group it belongs to "
+                     f"({', '.join(w.groups)}): the intersection of the slow groups", rank=r,
+                     data={"groups": list(w.groups)})]
 
 
 def confirm(job: Job, history: Sequence[WindowVerdict], k: int = CONFIRM) -> Incident | None:
@@ -257,6 +314,7 @@ def confirm(job: Job, history: Sequence[WindowVerdict], k: int = CONFIRM) -> Inc
     ev.append(Evidence(src,
                        f"{len(peers)} peers: median {_fmt(w.metric, w.median)}",
                        data={"per_rank": {str(r): round(v, 4) for r, v in sorted(w.values.items())}}))
+    ev += [e for r in ranks for e in groups_evidence(w, r)]
     ev += _cause_evidence(w, ranks)
     ev += _compared(job, ranks, w)
     return Incident(

@@ -15,11 +15,11 @@ from scout_sys.consensus.straggler import (
     WindowVerdict,
     _compared,
     _fmt,
-    _lags,
     _outliers,
     _primary,
     _rank_text,
     _throttle_verdict,
+    groups_evidence,
 )
 from scout_sys.model import (
     ATTRIBUTED,
@@ -132,12 +132,11 @@ def measures(job: Job, obs: Sequence[Observation], start: float, end: float
             continue
         cpu = shares(obs, live)
         found: list[WindowVerdict] = []
-        lags, period = _lags(obs, live, start, end)
         busy = busy_shares(obs, live)
-        if lags:
-            lag = _primary(live, obs, start, end)
-            if lag.metric == "lag":
-                found.append(lag)
+        # the lag over every rank, else over process sub-groups; a busy verdict here is counted below
+        lag = _primary(live, obs, start, end)
+        if lag.metric == "lag":
+            found.append(lag)
         if len(busy) == len(live):
             sus, med, thr = _outliers(busy, BUSY_FLOOR)
             found.append(WindowVerdict(start, end, "busy", busy, sus, med, thr))
@@ -177,6 +176,7 @@ def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], win
             ev.append(Evidence("ebpf" if w.metric == "lag" else "procfs", _rank_text(w, r), rank=r,
                                data={"metric": w.metric, "value": round(w.values[r], 4),
                                      "peer_median": round(w.median, 4), "threshold": round(w.threshold, 4)}))
+            ev += groups_evidence(w, r)
         c = causes.get(r)
         if c is not None:
             ev.append(Evidence("procfs", f"cause: {c.label}: {c.text}", rank=r, data={"cause": c.kind, **c.data}))
