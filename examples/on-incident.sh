@@ -40,8 +40,10 @@ fields="$(printf '%s' "$event_json" | python3 -c '
 import json, shlex, sys
 e = json.load(sys.stdin)
 i = e.get("incident") or {}
-slow = any(x.get("source") == "replay" and ("peer_median" in x or str(x.get("text", "")).startswith(
-    "replay confirms a slow device")) for x in i.get("evidence") or [])
+# a slow device, as replay measured it: device_slow on a watch straggler that replay explained (false:
+# not the device), peer_median on a straggler replay found itself
+slow = any(x.get("source") == "replay" and x.get("device_slow", "peer_median" in x) is True
+           for x in i.get("evidence") or [])
 for k, v in {"j_event": e.get("event", ""), "j_id": i.get("id", ""), "j_kind": i.get("kind", ""),
              "j_status": i.get("status", ""), "j_ranks": ",".join(map(str, i.get("ranks", []))),
              "j_hosts": ",".join(i.get("hosts", [])), "j_bundle": e.get("bundle") or "",

@@ -214,9 +214,10 @@ def test_the_hook_drains_only_for_causes_in_the_node() -> None:
         drains[kind] = "scontrol update" in hook(event(kind), "--drain")
     assert drains == {"hang": False, "collective_desync": False, "process_stall": False, "process_exit": False,
                       "hardware": True, "sdc": True, "straggler": False}, drains
-    confirmed = [{"source": "replay", "text": "replay confirms a slow device: the same kernels run slower on it "
-                                              "than on its peers"}]
-    cleared = [{"source": "replay", "text": "replay: its device runs the same kernels as fast as its peers'"}]
+    confirmed = [{"source": "replay", "text": "replay: its device cpu/rank2 ran the same kernels 3.0x slower than "
+                                              "its peers' — a slow device", "device_slow": True, "peer_median": 1.0}]
+    cleared = [{"source": "replay", "text": "replay: its device cpu/rank2 runs the same kernels as fast as its "
+                                            "peers'", "device_slow": False, "median": 1.0}]
     from_replay = [{"source": "replay", "text": "cuda:3: 0.9 s per round", "peer_median": 0.3, "threshold": 0.4}]
     assert "scontrol update" in hook(event("straggler", confirmed, "incident_updated"), "--drain")
     assert "scontrol update" in hook(event("straggler", from_replay), "--drain")

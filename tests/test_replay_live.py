@@ -59,8 +59,8 @@ def test_a_confirmed_straggler_starts_one_session_and_replay_says_the_device_is_
     settle(part)
     assert part.step(12.0, [straggler()]) == []  # a healthy replay: no finding...
     assert fake.calls == 1  # ...and the same straggler is not replayed again
-    ev = part.explain(straggler())
-    assert ev is not None and "not the device" in ev.text
+    (ev,) = [e for e in part.explain(straggler()).evidence if e.source == "replay"]
+    assert "not the device" in ev.text and ev.data["device_slow"] is False
 
 
 def test_replay_confirms_a_slow_device_and_reports_sdc():
@@ -72,9 +72,35 @@ def test_replay_confirms_a_slow_device_and_reports_sdc():
     found = part.step(1.0, [])
     assert sorted((i.kind, i.ranks) for i in found) == [("sdc", (1,)), ("straggler", (2,))]
     assert all(any("started for: straggler rank(s) 2" in e.text for e in i.evidence) for i in found)
-    assert "confirms a slow device" in part.explain(straggler()).text
+    assert "a slow device" in part.explain(straggler()).evidence[-1].text
     # a straggler found by replay does not trigger replay again
     assert part.step(2.0, [i for i in found if i.kind == STRAGGLER]) == [] and not part.running
+
+
+def test_the_watch_updates_its_straggler_with_what_replay_says_of_the_device():
+    """The straggler round's path in the watch (watch/straggler.with_replay, then the incident book):
+    the open straggler is updated once with replay's evidence, then stays as it is."""
+    from scout_sys.watch.incidents import IncidentBook
+    from scout_sys.watch.straggler import with_replay
+
+    fake = FakeRunner(result(slow=2))
+    fake.go.set()
+    part = ReplayPart(J, runner=fake, state_dir="/tmp/s")
+    book = IncidentBook()
+    (opened,) = book.reconcile(with_replay([straggler()], part.explain, []), 0.0, frozenset({STRAGGLER}))
+    assert opened.event == "incident_opened"
+    part.step(0.0, list(book.open.values()))
+    settle(part)
+    replayed = part.step(1.0, list(book.open.values()))  # replay's own straggler: the same ranks
+    found = with_replay([straggler()], part.explain, replayed)
+    (updated,) = book.reconcile(found, 1.0, frozenset({STRAGGLER}))
+    assert updated.event == "incident_updated" and updated.incident.id == opened.incident.id
+    inc = updated.incident
+    assert [e.source for e in inc.evidence][0] == "procfs"  # the job's own straggler, its evidence first
+    assert any(e.data.get("device_slow") is True for e in inc.evidence)  # explained: a slow device
+    assert any("peer_median" in e.data and "device_slow" not in e.data for e in inc.evidence)  # replay's own
+    assert "; replay: a slow device (cpu/rank2" in inc.summary
+    assert book.reconcile(with_replay([straggler()], part.explain, replayed), 2.0, frozenset({STRAGGLER})) == []
 
 
 def test_periodic_sessions():

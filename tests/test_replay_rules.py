@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
 from scout_sys.consensus import replay as rules
-from scout_sys.model import DeviceRound, Job, KernelResult, Rank
+from scout_sys.model import ATTRIBUTED, STRAGGLER, DeviceRound, Evidence, Incident, Job, KernelResult, Rank
 from scout_sys.replay import ledger
 from scout_sys.replay.context import Device, devices_of
 
@@ -119,6 +120,83 @@ def test_two_devices_one_slower_is_inconclusive():
     assert hist[0].inconclusive == ("cpu/rank1",)
     inc = rules.confirm_slow(job(2), res, hist, 0.0)
     assert inc is not None and (inc.kind, inc.status, inc.ranks) == ("straggler", "inconclusive", ())
+
+
+# --------------------------------------------------------------------------- a live straggler's device
+
+
+def live_straggler(rank: int = 2) -> Incident:
+    """The watch's straggler from the job's signals (consensus/straggler.py), with its cause."""
+    return Incident(STRAGGLER, ATTRIBUTED, (rank,), ("h",), 0.0,
+                    f"rank {rank} is a straggler: busy 95% of the time; cause: compute: it runs more",
+                    (Evidence("procfs", f"rank {rank}'s main thread is on a CPU 95% of the time", rank=rank,
+                              data={"metric": "busy"}),
+                     Evidence("procfs", "cause: compute: it runs more", rank=rank, data={"cause": "compute"})))
+
+
+def replays(*slow_per_round: int | None) -> list[list[DeviceRound]]:
+    """One round per argument: four devices, the one of that rank 3x slower (None: all alike)."""
+    return [[dev(i, secs=3.0 if i == s else 1.0) for i in range(4)] for s in slow_per_round]
+
+
+def replay_evidence(inc: Incident) -> list[Evidence]:
+    return [e for e in inc.evidence if e.source == "replay"]
+
+
+def test_replay_confirms_the_live_stragglers_device_is_slow():
+    inc = rules.explain_straggler(live_straggler(), replays(None, 2, 2))
+    (ev,) = replay_evidence(inc)
+    assert ev.text == "replay: its device cpu/rank2 ran the same kernels 3.0x slower than its peers' — a slow device"
+    assert ev.rank == 2 and ev.data[rules.DEVICE_SLOW] is True and ev.data["seconds"] == [3.0, 3.0]
+    assert ev.data["peer_median"] == 1.0
+    # the cause says so; what the host saw stays
+    assert inc.summary.endswith("; cause: compute: it runs more; replay: a slow device (cpu/rank2 ran the same "
+                                "kernels 3.0x slower than its peers')"), inc.summary
+    assert inc.evidence[:2] == live_straggler().evidence and inc.key() == live_straggler().key()
+    assert not rules.from_replay(inc)  # explained by replay, still the job's own straggler
+
+
+def test_replay_clears_the_device_when_it_runs_as_fast_as_its_peers():
+    # slow once before, at its peers' pace in the last round that compared it: not the device
+    inc = rules.explain_straggler(live_straggler(), replays(2, None))
+    (ev,) = replay_evidence(inc)
+    assert ev.text == ("replay: its device cpu/rank2 runs the same kernels as fast as its peers' (1.000 s vs median "
+                       "1.000 s): not the device — the host, its input or its code")
+    assert ev.data[rules.DEVICE_SLOW] is False and "peer_median" not in ev.data  # the drain hook keys on both
+    assert inc.summary.endswith("; replay: not the device (it runs the same kernels as fast as its peers')")
+
+
+def test_no_replay_round_covering_its_device_adds_nothing():
+    live = live_straggler()
+    others = [[dev(i) for i in (0, 1, 3)]] * 2  # rank 2's device not replayed
+    failed = [[dev(0), dev(1), dev(2, error="worker died"), dev(3)]] * 2
+    alone = [[dev(0), dev(1), dev(2, kind="cuda:other"), dev(3)]] * 2  # no peer of its kind
+    for rounds in ([], others, failed, alone):
+        assert rules.explain_straggler(live, rounds) == live
+
+
+def test_slow_in_too_few_rounds_or_without_a_majority_says_nothing():
+    live = live_straggler()
+    assert rules.explain_straggler(live, replays(2)) == live  # one round: not confirmed yet, not cleared
+    assert rules.explain_straggler(live, replays(1, 2)) == live  # slow in the last round only
+    two = [[dev(1), dev(2, secs=5.0)]] * 2  # 1-1: no strict majority of fast devices
+    assert rules.explain_straggler(live_straggler(), two) == live
+
+
+def test_explaining_again_replaces_its_own_words():
+    once = rules.explain_straggler(live_straggler(), replays(2, 2))
+    again = rules.explain_straggler(once, replays(None))
+    assert again == rules.explain_straggler(live_straggler(), replays(None))
+    assert again.summary.count("; replay: ") == 1
+
+
+def test_replays_own_straggler_and_other_kinds_are_left_as_they_are():
+    res = replays(2, 2)
+    own = rules.confirm_slow(job(4), res[-1], [rules.vote_times(r) for r in res], 0.0)
+    assert own is not None and rules.from_replay(own)
+    assert rules.explain_straggler(own, res) is own
+    hang = replace(live_straggler(), kind="hang")
+    assert rules.explain_straggler(hang, res) is hang
 
 
 # --------------------------------------------------------------------------- ledger and devices

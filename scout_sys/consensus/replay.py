@@ -11,6 +11,10 @@ the same kind (same CPU or GPU model, same torch build): they must agree bit for
   when its time exceeds the peers' median by ``K_MAD`` robust deviations, by ``MIN_RATIO`` and by
   ``FLOOR`` seconds; C3 needs a strict majority of devices that are not slow. Confirmed when the
   same device is slow in ``CONFIRM`` rounds in a row.
+- **a live straggler's device** (:func:`explain_straggler`): the watch's straggler from the job's own
+  signals (procfs / eBPF), told by the same times whether its device is slow (drain the node) or as
+  fast as its peers' (the host, its input or its code). Not a registry rule (consensus/rules.py):
+  it reads replay rounds, which are not observations, and it annotates another rule's incident.
 
 Pure: no I/O, no clocks.
 """
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scout_sys.consensus import c3
 from scout_sys.model import ATTRIBUTED, INCONCLUSIVE, SDC, STRAGGLER, DeviceRound, Evidence, Incident, Job
@@ -211,3 +215,64 @@ def confirm_slow(job: Job, results: Sequence[DeviceRound], history: Sequence[Slo
                         (Evidence("replay", "seconds per device in the last round",
                                   data={"per_device": {d: round(s, 6) for d, s in sorted(w.seconds.items())}}),))
     return None
+
+
+# --------------------------------------------------------------------------- a live straggler's device
+
+# The data key of the evidence explain_straggler adds: True a slow device, False not the device
+# (examples/on-incident.sh drains on True). Replay's own findings never carry it.
+DEVICE_SLOW = "device_slow"
+_SAID = "; replay: "  # where explain_straggler's words begin in a summary
+
+
+def from_replay(inc: Incident) -> bool:
+    """Is this replay's own finding (its evidence is replay's), not one replay only explained?"""
+    return any(e.source == "replay" and DEVICE_SLOW not in e.data for e in inc.evidence)
+
+
+def explain_straggler(inc: Incident, rounds: Sequence[Sequence[DeviceRound]], k: int = CONFIRM) -> Incident:
+    """A straggler found in the job's own signals, with what the recent replay ``rounds`` (oldest
+    first) say of the device(s) of its ranks, judged in the rounds whose time vote compared them
+    with peers (:func:`vote_times`):
+
+    - slow in the last ``k`` of those rounds (as :func:`confirm_slow` asks): a slow device, and the
+      summary says so;
+    - not slow in the last one (within the threshold, no vote without majority): not the device;
+    - else (never compared, or slow in fewer than ``k`` rounds in a row): nothing about it.
+
+    Its earlier replay words are replaced, so it can be applied each round to the same incident.
+    Another kind, an inconclusive straggler or replay's own comes back as it came."""
+    if inc.kind != STRAGGLER or inc.status != ATTRIBUTED or not inc.ranks or from_replay(inc):
+        return inc
+    verdicts = [vote_times(r) for r in rounds]
+    by = {d.device: d for r in rounds for d in r}
+    slow: list[tuple[str, float]] = []
+    ev: list[Evidence] = []
+    for dev in sorted(d for d, x in by.items() if set(x.ranks) & set(inc.ranks)):
+        judged = [v for v in verdicts if dev in v.seconds and len(v.seconds) >= 2]
+        if not judged:
+            continue
+        w, ranks = judged[-1], by[dev].ranks
+        rank = ranks[0] if len(ranks) == 1 else None
+        if len(judged) >= k and all(dev in v.slow for v in judged[-k:]):
+            ratio = w.seconds[dev] / max(w.median, 1e-9)
+            slow.append((dev, ratio))
+            ev.append(Evidence("replay", f"replay: its device {dev} ran the same kernels {ratio:.1f}x slower than "
+                                         "its peers' — a slow device", rank=rank,
+                               data={DEVICE_SLOW: True, "device": dev, "ratio": round(ratio, 2),
+                                     "seconds": [round(v.seconds[dev], 6) for v in judged[-k:]],
+                                     "peer_median": round(w.median, 6), "threshold": round(w.threshold, 6)}))
+        elif dev not in w.slow and dev not in w.inconclusive and w.seconds[dev] <= w.threshold:
+            ev.append(Evidence("replay", f"replay: its device {dev} runs the same kernels as fast as its peers' "
+                                         f"({w.seconds[dev]:.3f} s vs median {w.median:.3f} s): not the device — "
+                                         "the host, its input or its code", rank=rank,
+                               data={DEVICE_SLOW: False, "device": dev, "seconds": [round(w.seconds[dev], 6)],
+                                     "median": round(w.median, 6), "threshold": round(w.threshold, 6)}))
+    base = tuple(e for e in inc.evidence if DEVICE_SLOW not in e.data)
+    summary = inc.summary.split(_SAID)[0]
+    if slow:
+        dev, ratio = max(slow, key=lambda x: x[1])
+        summary += f"{_SAID}a slow device ({dev} ran the same kernels {ratio:.1f}x slower than its peers')"
+    elif ev:
+        summary += f"{_SAID}not the device (it runs the same kernels as fast as its peers')"
+    return replace(inc, summary=summary, evidence=base + tuple(ev))

@@ -14,9 +14,9 @@ returns findings, as the other parts of the loop do.
   checkpoint rounds is at least the last round's duration / DUTY), skipped and said so when the host
   is busy (load average over ``BUSY_LOAD`` per CPU).
 - One session at a time, in a thread; the loop never waits for it. ``step()`` returns the
-  findings of a finished session once: the replay's incidents (``sdc``, ``straggler``), and for a
-  straggler that triggered it and that replay did not confirm, an evidence item saying its device is
-  as fast as its peers' (see :func:`ReplayPart.explain`).
+  findings of a finished session once: the replay's incidents (``sdc``, ``straggler``); the rounds
+  of the last sessions stay (``recent``), and :meth:`ReplayPart.explain` tells by them whether a
+  straggler from the job's signals has a slow device or one as fast as its peers'.
 
 Wiring into the Watcher (a few lines): build ``ReplayPart(job, every=..., state_dir=...)`` at bind
 time; in ``poll()`` call ``part.step(now, open_incidents)`` and reconcile what it returns like
@@ -28,11 +28,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from scout_sys.model import ATTRIBUTED, SDC, STRAGGLER, Evidence, Incident, Job
+from scout_sys.consensus import replay as replay_rules
+from scout_sys.model import ATTRIBUTED, SDC, STRAGGLER, DeviceRound, Evidence, Incident, Job
 from scout_sys.replay import ledger
 from scout_sys.replay.runner import ReplayCancelled, ReplayResult, run_rounds
 from scout_sys.replay.spy import CheckpointSpy
@@ -42,6 +44,7 @@ DUTY = 0.2  # at most this share of the wall clock in checkpoint rounds
 BUSY_LOAD = 6.0  # 1-minute load average per CPU above which a checkpoint round is skipped (workers are niced)
 SPY_EVERY = 2.0  # seconds between two looks for checkpoint files
 SETTLE = 1.0  # a file modified less than this long ago may still be being written
+RECENT = 2 * replay_rules.CONFIRM  # replay rounds kept, over sessions, to explain a straggler by
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,8 @@ class ReplayPart:
         self._done: tuple[str, tuple[int, ...], ReplayResult | None, str | None] | None = None
         self._replayed: set[tuple[int, ...]] = set()  # straggler ranks already replayed for
         self.last: ReplayResult | None = None
+        # the last rounds of every session (a checkpoint's one round, a straggler's two), oldest first
+        self.recent: deque[tuple[DeviceRound, ...]] = deque(maxlen=RECENT)
         self.last_error: str | None = None
         self.running_since: float | None = None
         self.spy = CheckpointSpy([r.pid for r in job.ranks], started) if checkpoints else None
@@ -134,11 +139,12 @@ class ReplayPart:
                 self.last_error = err
             else:
                 self.last, self.last_error = res, None
+                self.recent.extend(res.rounds)
                 note = Evidence("replay", f"replay round started for: {reason}")
                 out = [replace(i, evidence=i.evidence + (note,)) for i in res.diagnosis.incidents
                        if i.kind in (SDC, STRAGGLER)]
         for inc in incidents:
-            if inc.kind == STRAGGLER and inc.status == ATTRIBUTED and not _from_replay(inc) \
+            if inc.kind == STRAGGLER and inc.status == ATTRIBUTED and not replay_rules.from_replay(inc) \
                     and inc.ranks not in self._replayed and not self.running and self._done is None:
                 self._replayed.add(inc.ranks)
                 self.request(f"straggler rank(s) {','.join(map(str, inc.ranks))}", now, inc.ranks)
@@ -180,22 +186,10 @@ class ReplayPart:
             return f"skipped: host busy (load {load:.1f} per CPU)"
         return "round started"
 
-    def explain(self, inc: Incident) -> Evidence | None:
-        """For a straggler from the job's signals: what the last replay says about its device."""
-        res = self.last
-        if res is None or inc.kind != STRAGGLER or _from_replay(inc):
-            return None
-        slow = {r for i in res.diagnosis.incidents if i.kind == STRAGGLER for r in i.ranks}
-        devices = [d for d in res.rounds[-1] if set(d.ranks) & set(inc.ranks) and not d.error]
-        if not devices:
-            return None
-        if set(inc.ranks) & slow:
-            return Evidence("replay", "replay confirms a slow device: the same kernels run slower on it than on "
-                                      "its peers")
-        secs = {d.device: round(res.times[-1].seconds.get(d.device, 0.0), 4) for d in devices}
-        return Evidence("replay", "replay: its device runs the same kernels as fast as its peers' (median "
-                                  f"{res.times[-1].median:.3f} s): not the device; look at its input pipeline, "
-                                  "network or collectives", data={"seconds": secs})
+    def explain(self, inc: Incident) -> Incident:
+        """A straggler from the job's signals, with what the recent replay rounds say of its device
+        (consensus/replay.py :func:`~scout_sys.consensus.replay.explain_straggler`)."""
+        return replay_rules.explain_straggler(inc, self.recent)
 
     def close(self) -> None:
         """Stop a running session (its workers are gone when this returns)."""
@@ -210,7 +204,3 @@ def _load_per_cpu() -> float:
         return os.getloadavg()[0] / (os.cpu_count() or 1)
     except OSError:
         return 0.0
-
-
-def _from_replay(inc: Incident) -> bool:
-    return any(e.source == "replay" for e in inc.evidence)

@@ -55,7 +55,7 @@ from scout_sys.watch.progress import Progress, Rotation
 from scout_sys.watch.restart import ENDED, FOUND, SAME, RankFinder, selector_pids
 from scout_sys.watch.sample import cheap_sample
 from scout_sys.watch.sample import dead as _dead
-from scout_sys.watch.straggler import StragglerWatch
+from scout_sys.watch.straggler import StragglerWatch, with_replay
 from scout_sys.watch.views import Views
 
 if TYPE_CHECKING:
@@ -232,11 +232,8 @@ class Watcher:
         events += self.book.reconcile(_poll_rule(job, batch, HARDWARE), now, frozenset({HARDWARE}))
         events += self._replay_step(now)
         if self.stragglers.due(now):
-            found = self.stragglers.round(job, list(self._obs), now)
-            if self.replay is not None:  # what the last replay says of the device of each straggler
-                found = [replace(f, evidence=f.evidence + (ev,)) if (ev := self.replay.explain(f)) else f
-                         for f in found]
-            found += [f for f in self._replayed if f.kind == STRAGGLER]
+            found = with_replay(self.stragglers.round(job, list(self._obs), now),
+                                self.replay.explain if self.replay is not None else None, self._replayed)
             events += self.book.reconcile(found, now, frozenset({STRAGGLER}))
         self._publish()
         return events
