@@ -2,7 +2,8 @@
 # An --on-incident hook for scout-sys watch: post the incident to a webhook (Slack-style {"text": ...})
 # and, with --drain, drain the Slurm node(s) of an attributed incident whose cause lies in the node:
 # `hardware` (its GPU reports ECC errors or slows itself down), `sdc` (its device computes other bits
-# than its peers), or a `straggler` that replay confirmed is a slow device. Never for `hang`,
+# than its peers), or a `straggler` that replay confirmed is a slow device (unless it is starved of CPU:
+# throttled or contended, which its replay worker shares). Never for `hang`,
 # `collective_desync`, `process_stall`, `process_exit` or a straggler replay cleared: those are
 # usually the job's code, its input pipeline or the network, and draining a healthy node for them
 # only shrinks the cluster (docs/runbook.md says whose each verdict is).
@@ -44,6 +45,9 @@ i = e.get("incident") or {}
 # not the device), peer_median on a straggler replay found itself
 slow = any(x.get("source") == "replay" and x.get("device_slow", "peer_median" in x) is True
            for x in i.get("evidence") or [])
+# a rank starved of CPU (its cgroup quota, or contention): its replay worker shares that cgroup and those
+# cores, so its "slow device" is the same starvation; fix the quota or the neighbour, keep the node
+slow = slow and not any(x.get("cause") in ("throttled", "contended") for x in i.get("evidence") or [])
 for k, v in {"j_event": e.get("event", ""), "j_id": i.get("id", ""), "j_kind": i.get("kind", ""),
              "j_status": i.get("status", ""), "j_ranks": ",".join(map(str, i.get("ranks", []))),
              "j_hosts": ",".join(i.get("hosts", [])), "j_bundle": e.get("bundle") or "",

@@ -222,6 +222,9 @@ def test_the_hook_drains_only_for_causes_in_the_node() -> None:
     assert "scontrol update" in hook(event("straggler", confirmed, "incident_updated"), "--drain")
     assert "scontrol update" in hook(event("straggler", from_replay), "--drain")
     assert "scontrol update" not in hook(event("straggler", cleared, "incident_updated"), "--drain")
+    # starved of CPU: its replay worker shares the quota, so replay's "slow device" is no node fault
+    starved = [*confirmed, {"source": "procfs", "text": "cause: starved of CPU (throttled): ...", "cause": "throttled"}]
+    assert "scontrol update" not in hook(event("straggler", starved, "incident_updated"), "--drain")
     assert "scontrol update" not in hook(event("hardware", name="incident_closed"), "--drain")
     inconclusive = event("hardware")
     inconclusive["incident"] = {**inconclusive["incident"], "status": "inconclusive", "ranks": [], "hosts": []}
