@@ -17,7 +17,7 @@ import pytest
 
 from scout_sys.job import find_job
 from tests._host import ebpf_reason
-from tests.conftest import REPO, diagnose_json, origins, scout, settle
+from tests.conftest import REPO, origins
 from tests.test_watch import WatchCli
 
 pytestmark = pytest.mark.slow
@@ -60,30 +60,6 @@ def test_demo_with_each_fault_names_the_faulty_rank() -> None:
         want = [] if kind is None else [(kind, "attributed", [2])]
         assert origins(d) == want, (f, d["incidents"])
         assert f"fault {f!r} on rank 2" in err and "stopping the job" in err, err
-
-
-def test_diagnose_options_and_the_pid_list_selector(start_job) -> None:
-    job = start_job(4, fault="hang", fault_rank=2)
-    pid = job.wait_fault()
-    settle(job, pid)
-    pids = [r.pid for r in sorted(find_job(str(job.pid)).ranks, key=lambda r: r.rank)]
-    assert pids[2] == pid
-    # PID,PID,... of the rank processes
-    rc, d = diagnose_json(",".join(map(str, pids)))
-    assert (rc, origins(d)) == (1, [("hang", "attributed", [2])]), d["incidents"]
-    assert d["job"]["launcher"] == "explicit" and sorted(r["pid"] for r in d["job"]["ranks"]) == sorted(pids)
-    # -q: the verdict, no evidence
-    q = scout("diagnose", "--job", str(job.pid), "--window", "2", "-q")
-    assert q.returncode == 1, q.stderr
-    assert "INCIDENT hang (attributed): rank 2" in q.stdout and "evidence:" not in q.stdout, q.stdout
-    full = scout("diagnose", "--job", str(job.pid), "--window", "2")
-    assert "evidence:" in full.stdout and "load_next_batch_stuck" in full.stdout, full.stdout
-    # --native: the origin's native stack joins the evidence (pausing a hung rank costs nothing)
-    n = scout("diagnose", "--job", str(job.pid), "--window", "2", "--native", "--json")
-    d = json.loads(n.stdout)
-    assert (n.returncode, origins(d)) == (1, [("hang", "attributed", [2])]), n.stderr
-    native = [e for e in d["incidents"][0]["evidence"] if e.get("native")]
-    assert [e["rank"] for e in native] == [2] and native[0]["stack"], native
 
 
 def _perf_fds(pid: int) -> int:

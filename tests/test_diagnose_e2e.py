@@ -1,15 +1,17 @@
 """diagnose against real torchrun / shell-launched CPU jobs on Gloo, with real py-spy.
 
-Each test starts a tiny job (three share one: healthy, then its hang), waits for its fault, runs the
+Each test starts a tiny job (five share one: healthy, then its hang), waits for its fault, runs the
 real command line and checks the exact origin ranks and kind. Jobs are killed at teardown."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
 import pytest
 
+from scout_sys.job import find_job
 from tests.conftest import JOBS, diagnose_json, origins, scout, settle
 
 pytestmark = pytest.mark.slow
@@ -18,15 +20,18 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize(
     "fault,rank,kind",
     [
-        ("hang", 2, "hang"),
         ("stop", 1, "process_stall"),
         ("busy", 3, "hang"),
         ("desync", 2, "collective_desync"),
     ],
 )
-def test_torchrun_4_ranks_each_fault(start_job, fault, rank, kind):
+def test_torchrun_4_ranks_each_fault(start_job, fault, rank, kind):  # a hang: test_a_hang_is_named_...
     job = start_job(4, fault=fault, fault_rank=rank)
     settle(job, job.wait_fault())
+    _named_with_its_witnesses(job, rank, kind)
+
+
+def _named_with_its_witnesses(job, rank: int, kind: str) -> None:
     rc, d = diagnose_json(job.pid)
     assert rc == 1, d
     assert d["status"] == "incident"
@@ -41,8 +46,9 @@ def test_torchrun_4_ranks_each_fault(start_job, fault, rank, kind):
     assert all(states[r] == "waiting" for r in range(4) if r != rank), states
 
 
-# One job for three tests, in this order (one xdist group): healthy, then rank 2's hang (held back
-# until the go-file exists) read as a person reads it and selected by the faulty rank's own pid.
+# One job for five tests, in this order (one xdist group): healthy, then rank 2's hang (held back
+# until the go-file exists) read as a person reads it, selected by the faulty rank's own pid, named
+# with its witnesses, and with diagnose's options.
 
 @pytest.fixture(scope="module")
 def hang_later(tmp_path_factory):
@@ -98,6 +104,37 @@ def test_selecting_by_a_rank_pid_finds_its_siblings(hang_later):
     assert rc == 1
     assert origins(d) == [("hang", "attributed", [2])]
     assert len(d["job"]["ranks"]) == 4
+
+
+@pytest.mark.xdist_group("hang-later")
+def test_a_hang_is_named_with_its_evidence_and_its_witnesses_waiting(hang_later):
+    job, go = hang_later
+    _hung(job, go)
+    _named_with_its_witnesses(job, 2, "hang")
+
+
+@pytest.mark.xdist_group("hang-later")
+def test_diagnose_options_and_the_pid_list_selector(hang_later) -> None:
+    job, go = hang_later
+    pid = _hung(job, go)
+    pids = [r.pid for r in sorted(find_job(str(job.pid)).ranks, key=lambda r: r.rank)]
+    assert pids[2] == pid
+    # PID,PID,... of the rank processes
+    rc, d = diagnose_json(",".join(map(str, pids)))
+    assert (rc, origins(d)) == (1, [("hang", "attributed", [2])]), d["incidents"]
+    assert d["job"]["launcher"] == "explicit" and sorted(r["pid"] for r in d["job"]["ranks"]) == sorted(pids)
+    # -q: the verdict, no evidence
+    q = scout("diagnose", "--job", str(job.pid), "--window", "2", "-q")
+    assert q.returncode == 1, q.stderr
+    assert "INCIDENT hang (attributed): rank 2" in q.stdout and "evidence:" not in q.stdout, q.stdout
+    full = scout("diagnose", "--job", str(job.pid), "--window", "2")
+    assert "evidence:" in full.stdout and "load_next_batch_stuck" in full.stdout, full.stdout
+    # --native: the origin's native stack joins the evidence (pausing a hung rank costs nothing)
+    n = scout("diagnose", "--job", str(job.pid), "--window", "2", "--native", "--json")
+    d = json.loads(n.stdout)
+    assert (n.returncode, origins(d)) == (1, [("hang", "attributed", [2])]), n.stderr
+    native = [e for e in d["incidents"][0]["evidence"] if e.get("native")]
+    assert [e["rank"] for e in native] == [2] and native[0]["stack"], native
 
 
 def test_selecting_by_process_group(start_job):
