@@ -293,3 +293,16 @@ def test_an_attributed_desync_explains_the_stack_rules_tie() -> None:
     assert folded.data["evidence"] == ["rank 2 waits in all_gather"]
     # without a named desync the tie stays
     assert merge_findings([tie], []) == [tie]
+
+
+def test_a_differing_fingerprint_is_a_value_of_its_evidence_not_its_text():
+    from scout_sys.consensus.desync import fingerprint_differs
+    from scout_sys.model import DESYNC, Evidence, Incident
+
+    def inc(*ev: Evidence) -> Incident:
+        return Incident(kind=DESYNC, status="attributed", ranks=(2,), hosts=("h",), since=0.0, summary="s",
+                        evidence=ev)
+
+    assert fingerprint_differs(inc(Evidence("ebpf", "rank 2 gloo:0: #8 broadcast", rank=2, data={"differs": True})))
+    assert not fingerprint_differs(inc(Evidence("ebpf", "rank 2 gloo:0: #8 broadcast (differs)", rank=2)))
+    assert not fingerprint_differs(inc(Evidence("ebpf", "rank 2 behind", rank=2)))

@@ -188,7 +188,7 @@ def _minority_call(job: Job, pg: str, group: dict[int, CollectiveSample], pos: i
                    ) -> Incident:
     """Rule 1's verdict: the attributed minority's calls at ``pos`` against the majority's."""
     maj = by_seq[v.majority[0]][pos]
-    ev = [_fp_evidence(r, group[r], by_seq[r][pos], "differs") for r in v.minority]
+    ev = [_fp_evidence(r, group[r], by_seq[r][pos], DIFFERS) for r in v.minority]
     ev.append(Evidence("ebpf", f"{ranks_text(v.majority)} {pg}: {maj.describe()}",
                        data={"group": pg, "ranks": list(v.majority), "fingerprint": maj.to_json()}))
     diff = "; ".join(f"rank {r}: {by_seq[r][pos].describe()}" for r in v.minority)
@@ -220,11 +220,22 @@ def _differing(job: Job, pg: str, group: dict[int, CollectiveSample],
     return _minority_call(job, pg, group, pos, v, by_seq, "ranks of its equivalent groups called", (across,))
 
 
+DIFFERS = "differs"  # evidence of a rank whose fingerprint differs from the majority's at one position
+
+
+def fingerprint_differs(inc: Incident) -> bool:
+    """A desync that names a rank calling another collective (op, size, type) where the majority agrees,
+    not one only behind in the sequence."""
+    return inc.kind == DESYNC and bool(inc.ranks) and any(e.data.get(DIFFERS) for e in inc.evidence)
+
+
 def _fp_evidence(rank: int, s: CollectiveSample, f: Fingerprint | None, note: str = "") -> Evidence:
     text = f"rank {rank} {s.group}: " + (f.describe() if f else f"no collective seen (seq {s.seq})")
     if note:
         text += f" ({note})"
     data: dict = {"group": s.group, "seq": s.seq, "inside": s.inside}
+    if note == DIFFERS:
+        data[DIFFERS] = True  # a value for the rules (rules._not_progressing, the watch's trigger)
     if f is not None:
         data["fingerprint"] = f.to_json()
     if s.waiting_peer is not None:

@@ -136,7 +136,7 @@ def _not_progressing(found: Sequence[Incident], acts: Mapping[int, Activity]) ->
     writes a checkpoint is behind, and progressing: a pause, as the hang rules say, never a desync.
     A different fingerprint at the same position ("differs") always stays."""
     def pause(inc: Incident) -> bool:
-        return (inc.kind == DESYNC and bool(inc.ranks) and not any("(differs)" in e.text for e in inc.evidence)
+        return (inc.kind == DESYNC and bool(inc.ranks) and not desync.fingerprint_differs(inc)
                 and all(r in acts and acts[r].state == "running" for r in inc.ranks))
     return [i for i in found if not pause(i)]
 

@@ -29,7 +29,6 @@ from scout_sys.consensus.kinds import HANG_KINDS
 from scout_sys.exporters import feed
 from scout_sys.job import find_job
 from scout_sys.model import (
-    DESYNC,
     HARDWARE,
     PROCESS_EXIT,
     SDC,
@@ -311,8 +310,7 @@ class Watcher:
         Only the fingerprint rule: "behind while the others wait" needs the stall's time anyway."""
         if not self._collectives:
             return False
-        return any(f.kind == DESYNC and f.ranks and any("(differs)" in e.text for e in f.evidence)
-                   for f in desync.analyze(job, list(self._collectives.values())))
+        return any(desync.fingerprint_differs(f) for f in desync.analyze(job, list(self._collectives.values())))
 
     def _remember(self, batch: Sequence[Observation], now: float) -> None:
         self._collectives.update(desync.latest(batch))
