@@ -256,15 +256,15 @@ def _slack(lags: Mapping[int, float], sus: Sequence[int], med: float, period: fl
 def _groups_verdict(live: Sequence[int], obs: Sequence[Observation], start: float, end: float,
                     busy: Mapping[int, float]) -> WindowVerdict | None:
     """The lag verdict from process sub-groups (straggler_groups.py), when it names a rank."""
-    seen: dict[str, set[int]] = {}
+    samples: dict[str, list[CollectiveSample]] = {}  # each group's records, in one pass over the window
     for o in obs:
         if isinstance(o, CollectiveSample) and o.rank in live:
-            seen.setdefault(o.group, set()).add(o.rank)
+            samples.setdefault(o.group, []).append(o)
     per: dict[str, tuple[dict[int, float], float | None]] = {}
-    for g, members in sorted(seen.items()):
+    for g, mine in sorted(samples.items()):
+        members = sorted({o.rank for o in mine})
         if len(members) >= 2:
-            mine = [o for o in obs if isinstance(o, CollectiveSample) and o.group == g]
-            lags, period = _lags(mine, sorted(members), start, end)
+            lags, period = _lags(mine, members, start, end)
             if lags:
                 per[g] = (lags, period)
     floors = {g: _lag_floor(p) for g, (_l, p) in per.items()}
