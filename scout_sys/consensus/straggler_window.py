@@ -158,7 +158,8 @@ def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], win
     (it never waited while the majority did), the collective arrival lag (eBPF), the main thread's busy
     share (schedstat: on a CPU or waiting for one) and the cgroup's throttled share (cpu.stat), each an
     outlier among the ranks doing the same work by the same robust vote. One continuous measure alone
-    gives an inconclusive straggler; the stack samples alone, the weakest, a note. The verdict says the cause. Returns (incidents, notes)."""
+    gives an inconclusive straggler — a note when it is the busy share of a rank contended for a CPU
+    (the host's load); the stack samples alone, the weakest, a note. The verdict says the cause. Returns (incidents, notes)."""
     seen = never_waiting(job, obs, acts)
     named, causes = measures(job, obs, window[0], window[1])
     out: list[Incident] = []
@@ -195,6 +196,13 @@ def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], win
             # the stack samples alone are the weakest measure (a healthy rank that logs or reads its
             # next batch at each sample looks the same): a note, as before
             notes.append(f"possible straggler (stack samples only, not enough to name it): {ev[0].text}")
+            continue
+        if n == 1 and w0 is not None and w0.metric == "busy" and c is not None and c.kind == "contended":
+            # busier only because it waited for a CPU, by that one measure: the host's load, which every
+            # rank of a busy host meets in turns; the peers were not seen waiting for it (no lag, no
+            # stack samples), so it is not called a straggler — a note says where the CPUs went
+            notes.append(f"rank {r} waited for a CPU more than its peers ({c.text}): the host's CPUs are "
+                         "contended; by one measure only (busy), not a straggler")
             continue
         if n >= 2:
             waits = f" and it {'never' if not seen[r][3] else 'seldom'} waits" if r in seen else ""
