@@ -117,11 +117,16 @@ def test_diagnose_names_the_rank_the_others_keep_waiting_for():
     assert [(i.kind, i.status, i.ranks) for i in incidents] == [("straggler", "inconclusive", ())]
     assert "rank 2 may be a straggler" in incidents[0].summary and "one measure only" in incidents[0].summary
     # the busy share alone, of a rank that was busier only because it waited for a CPU (run queue): the
-    # host's load, a note
+    # host's load when its peers' stacks, read, show them no more waiting than it (a note) ...
     contended = [ProcSample(time=100.0 + t, rank=r, pid=10 + r, status="running", main_cpu_ns=int(t * 1e9 * 0.07),
                             main_delay_ns=int(t * 1e9 * (0.25 if r == 1 else 0.0))) for r in range(4) for t in (0, 4)]
-    incidents, notes = straggler_window.in_window(_job(4), contended, acts, (100.0, 104.0))
+    alike, _ = _window({0: peers, 1: peers, 2: peers[1:] + peers[:1], 3: peers},
+                       {0: "running", 1: "running", 2: "running", 3: "running"})
+    incidents, notes = straggler_window.in_window(_job(4), alike + contended, acts, (100.0, 104.0))
     assert incidents == [] and any("rank 1 waited for a CPU" in n and "contended" in n for n in notes), notes
+    # ... with no stacks to ask, an inconclusive straggler still
+    incidents, _ = straggler_window.in_window(_job(4), contended, acts, (100.0, 104.0))
+    assert [(i.kind, i.status) for i in incidents] == [("straggler", "inconclusive")], incidents
     # ... while with the stack samples too (its peers were found waiting for it), the same share names it
     rank2 = [ProcSample(time=100.0 + t, rank=r, pid=10 + r, status="running", main_cpu_ns=int(t * 1e9 * 0.07),
                         main_delay_ns=int(t * 1e9 * (0.25 if r == 2 else 0.0))) for r in range(4) for t in (0, 4)]

@@ -42,7 +42,8 @@ WAITED_MIN = 0.4  # share of stack samples in which a rank's peers (their median
 SELDOM = 2
 
 
-def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any]
+def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any],
+                  waits: Mapping[int, tuple[float, int, str, int, tuple[int, ...]]] | None = None
                   ) -> dict[int, tuple[float, int, str, int]]:
     """From the window's stack samples: ranks found waiting at most half as often as their peers (the median),
     who — themselves progressing (their stacks move), a strict majority of them — were found waiting in more
@@ -50,7 +51,24 @@ def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any]
     peers found in collectives at every sample count as progressing when they exchanged data.
     Only a rank that progresses itself (``running``, not writing a checkpoint) counts: a stuck one is a
     hang. Returns rank -> (samples in which its peers were found waiting, their median; samples; where they
-    waited; samples in which the rank itself was found waiting)."""
+    waited; samples in which the rank itself was found waiting). ``waits``: :func:`stack_waits`, when read."""
+    out: dict[int, tuple[float, int, str, int]] = {}
+    for r, (waited, k, where, own, peers) in (stack_waits(job, obs) if waits is None else waits).items():
+        a = acts.get(r)
+        if waited <= WAITED_MIN * k or own * SELDOM > waited:
+            continue
+        if a is None or a.state != "running" or _writes_alone(a, [acts.get(p) for p in peers]):
+            continue
+        if c3.strict_majority(sum(_moving(acts.get(p)) for p in peers), len(peers)):
+            out[r] = (waited, k, where, own)
+    return out
+
+
+def stack_waits(job: Job, obs: Sequence[Observation]) -> dict[int, tuple[float, int, str, int, tuple[int, ...]]]:
+    """Per rank with stack samples enough (3, in a group of 3 such ranks at least): (samples in which its
+    peers were found waiting, their median; samples; where the group waits; samples in which the rank itself
+    was found waiting; those peers). The same count for every rank of a group: its first ``k`` untorn
+    samples."""
     from scout_sys.consensus.hang import location_of, untorn
     from scout_sys.consensus.patterns import collective_of
 
@@ -65,7 +83,7 @@ def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any]
         for _o, main in untorn(rs):
             w = collective_of(main.frames)
             stacks.setdefault(rank, []).append(("coll", w.op, w.site) if w else ("place", location_of(main.frames)))
-    out: dict[int, tuple[float, int, str, int]] = {}
+    out: dict[int, tuple[float, int, str, int, tuple[int, ...]]] = {}
     for group in work_groups(job):
         ranks = [r for r in group if len(stacks.get(r, ())) >= 3]
         if len(ranks) < 3:
@@ -75,17 +93,9 @@ def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any]
         waits = {r: [x == wait_key or x[0] == "coll" for x in stacks[r][:k]] for r in ranks}
         where = f"in {wait_key[1]} at {wait_key[2]}" if wait_key[0] == "coll" else "at their common sync point"
         for r in ranks:
-            a = acts.get(r)
-            peers = [p for p in ranks if p != r]
+            peers = tuple(p for p in ranks if p != r)
             # its peers' waits, never its own: the rank they wait for is no part of "the group waits"
-            waited = statistics.median(sum(waits[p]) for p in peers)
-            own = sum(waits[r])
-            if waited <= WAITED_MIN * k or own * SELDOM > waited:
-                continue
-            if a is None or a.state != "running" or _writes_alone(a, [acts.get(p) for p in peers]):
-                continue
-            if c3.strict_majority(sum(_moving(acts.get(p)) for p in peers), len(peers)):
-                out[r] = (waited, k, where, own)
+            out[r] = (statistics.median(sum(waits[p]) for p in peers), k, where, sum(waits[r]), peers)
     return out
 
 
@@ -160,7 +170,8 @@ def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], win
     outlier among the ranks doing the same work by the same robust vote. One continuous measure alone
     gives an inconclusive straggler — a note when it is the busy share of a rank contended for a CPU
     (the host's load); the stack samples alone, the weakest, a note. The verdict says the cause. Returns (incidents, notes)."""
-    seen = never_waiting(job, obs, acts)
+    waits = stack_waits(job, obs)
+    seen = never_waiting(job, obs, acts, waits)
     named, causes = measures(job, obs, window[0], window[1])
     out: list[Incident] = []
     notes: list[str] = []
@@ -197,12 +208,13 @@ def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], win
             # next batch at each sample looks the same): a note, as before
             notes.append(f"possible straggler (stack samples only, not enough to name it): {ev[0].text}")
             continue
-        if n == 1 and w0 is not None and w0.metric == "busy" and c is not None and c.kind == "contended":
-            # busier only because it waited for a CPU, by that one measure: the host's load, which every
-            # rank of a busy host meets in turns; the peers were not seen waiting for it (no lag, no
-            # stack samples), so it is not called a straggler — a note says where the CPUs went
-            notes.append(f"rank {r} waited for a CPU more than its peers ({c.text}): the host's CPUs are "
-                         "contended; by one measure only (busy), not a straggler")
+        if n == 1 and w0 is not None and w0.metric == "busy" and c is not None and c.kind == "contended" \
+                and r in waits:
+            # busier only because it waited for a CPU, and its peers' stacks, read, did not show them waiting
+            # for it: the host's load, which the ranks of a busy host meet in turns, not a straggler — a note
+            # says where the CPUs went (without stacks to ask, it stays an inconclusive straggler)
+            notes.append(f"rank {r} waited for a CPU more than its peers ({c.text}), but its peers' stack samples "
+                         "did not show them waiting for it: the host's CPUs are contended, not a straggler")
             continue
         if n >= 2:
             waits = f" and it {'never' if not seen[r][3] else 'seldom'} waits" if r in seen else ""
