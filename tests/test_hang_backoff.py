@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from scout_sys.watch.hang import CALM_RESET, MAX_ESCAPE, MAX_QUIET, MIN_STALL_AFTER, HangWatch
-from scout_sys.watch.progress import COLLECTIVES, STACK
+from scout_sys.watch.progress import COLLECTIVES, MAIN_THREAD, STACK
 
 T0 = 5_000.0
 POLL = 0.5
@@ -81,3 +81,10 @@ def test_a_calm_stretch_forgets_the_fruitless_windows():
     _, t = _sim(h, t, t + CALM_RESET + 5, lambda now: 0.2)  # healthy: no suspicion at all
     windows, _ = _sim(h, t, t + 8, lambda now: 3.0 + (now - t))  # a pause a window finds nothing in
     assert len(windows) >= 2 and windows[1] - windows[0] <= 2 * MIN_STALL_AFTER + WINDOW  # as at first
+
+
+def test_the_stack_and_main_thread_signals_taking_turns_keep_the_backoff():
+    h = HangWatch()
+    _, t = _sim(h, T0, T0 + 120, _spin)
+    # a spinner's majority is read by its pause when that is the longer: still the procfs signals
+    assert not h.decide(t, 2.0, MAIN_THREAD, decisive=False, hang_open=False, learning=False).confirm

@@ -40,7 +40,8 @@ GPU shape judged by its sparse stack samples until the eBPF probes attach: a hea
 seconds "without progress") thus pays a window every ``MAX_QUIET`` seconds, not every few, while a
 hang that begins after a fruitless window is still looked at once the majority has stalled
 ``MAX_ESCAPE`` seconds. A window that finds something, a suspicion raised by another signal (the
-collective probe attached) or ``CALM_RESET`` seconds without a suspicion start over.
+collective probe attached; the stack and main-thread signals count as one) or ``CALM_RESET`` seconds
+without a suspicion start over.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from scout_sys.model import DESYNC, HANG, INCONCLUSIVE, Evidence, Incident
+from scout_sys.model import DESYNC, HANG, INCONCLUSIVE, MAIN_THREAD, STACK, Evidence, Incident
 
 MIN_STALL_AFTER = 1.5  # the floor of the adaptive stall-after (seconds)
 MAX_STALL_AFTER = 600.0
@@ -204,7 +205,7 @@ class HangWatch:
                 self._fruitless = 0
             return
         self._calm_since = None
-        if self._fruitless and signal != self._fruitless_signal:
+        if self._fruitless and _family(signal) != self._fruitless_signal:
             self._fruitless = 0
             self._quiet_until = 0.0
 
@@ -221,9 +222,9 @@ class HangWatch:
         hang."""
         self._last_window = now
         if not found:
-            same = self._fruitless and self._signal == self._fruitless_signal
+            same = self._fruitless and _family(self._signal) == self._fruitless_signal
             self._fruitless = self._fruitless + 1 if same else 1
-            self._fruitless_signal = self._signal
+            self._fruitless_signal = _family(self._signal)
             self._quiet_until = now + min(max(self.stall_after, MAX_QUIET),
                                           self.stall_after * BACKOFF ** (self._fruitless - 1))
             self._quiet_stall = stall
@@ -246,6 +247,13 @@ class HangWatch:
         hold = unnamed and not hang_open and not self._held
         self._held = unnamed
         return hold
+
+
+def _family(signal: str) -> str:
+    """The backoff's view of a signal: the two procfs ones (a spinner's stall by stack, the majority's
+    main-thread pause) take turns on one job, poll by poll; the collective sequence (eBPF) and the
+    fingerprints are others."""
+    return STACK if signal in (STACK, MAIN_THREAD) else signal
 
 
 def with_trigger(findings: Sequence[Incident], d: Decision, stall_after: float) -> list[Incident]:
