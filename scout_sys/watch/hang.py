@@ -30,6 +30,18 @@ window may close a hang, since /proc alone is fooled by the blip a native dump (
 blocked thread. A suspicion that a window did not confirm is not looked at again for ``stall_after``
 seconds unless a stronger signal (a stopped or dead rank, or a majority stalled for twice as long)
 comes up, so a job that spins at one place most of the time does not pay for a window every poll.
+
+Fruitless windows in a row on one signal back off: the ``k``-th waits ``stall_after`` times
+``BACKOFF`` to the ``k - 1`` (at most ``MAX_QUIET`` seconds) before the next, and is looked at sooner
+only once the majority stalls ``BACKOFF ** k`` times as long as in the last fruitless one, never more
+than ``MAX_ESCAPE`` seconds (or twice the threshold, on a slow job) — but the very stretch a window
+found nothing in, at least twice as long as then. A healthy job whose signal is coarse (the spinning
+GPU shape judged by its sparse stack samples until the eBPF probes attach: a healthy majority reads
+seconds "without progress") thus pays a window every ``MAX_QUIET`` seconds, not every few, while a
+hang that begins after a fruitless window is still looked at once the majority has stalled
+``MAX_ESCAPE`` seconds. A window that finds something, a suspicion raised by another signal (the
+collective probe attached; the stack and main-thread signals count as one) or ``CALM_RESET`` seconds
+without a suspicion start over.
 """
 
 from __future__ import annotations
@@ -40,7 +52,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from scout_sys.model import DESYNC, HANG, INCONCLUSIVE, Evidence, Incident
+from scout_sys.model import DESYNC, HANG, INCONCLUSIVE, MAIN_THREAD, STACK, Evidence, Incident
 
 MIN_STALL_AFTER = 1.5  # the floor of the adaptive stall-after (seconds)
 MAX_STALL_AFTER = 600.0
@@ -55,6 +67,10 @@ CADENCE_SLACK = 0.25  # a stretch within this fraction of the pauses' period (at
 KEEP_PAUSES = 8
 CONFIRM_WINDOW = 1.0  # seconds of stacks taken to confirm a suspected hang
 RECONFIRM_EVERY = 5.0  # while a hang stays open
+BACKOFF = 2.0  # fruitless windows in a row: each multiplies the next quiet time (and escape stall) by this...
+MAX_QUIET = 30.0  # ...up to this many seconds of quiet...
+MAX_ESCAPE = 8.0  # ...while a new stretch this long (or twice stall-after) is always looked at
+CALM_RESET = 30.0  # seconds without a suspicion that forget the fruitless windows
 DESYNC_SIGNAL = "collective fingerprints"
 
 
@@ -86,6 +102,11 @@ class HangWatch:
         self._quiet_until = 0.0
         self._quiet_stall = 0.0
         self._held = False  # the last window's hang findings named nobody (see hold)
+        self._fruitless = 0  # windows in a row that found nothing, on _fruitless_signal
+        self._fruitless_signal = ""
+        self._new_stretch = False  # the majority progressed since the last fruitless window
+        self._calm_since: float | None = None  # no suspicion since then
+        self._signal = ""  # the signal of the last poll's decision
 
     # ------------------------------------------------------------------ thresholds
     @property
@@ -138,6 +159,7 @@ class HangWatch:
         if stall >= last + 0.5 * (now - t):
             return  # still the same stretch
         gap = last
+        self._new_stretch = True
         if learning:
             if self._in_pause and self.steady_gap() is not None:  # before that, every stretch is a gap
                 self.pauses.append((t - last, gap))
@@ -159,27 +181,57 @@ class HangWatch:
         if not suspect and stall >= self.stall_after:
             self._in_pause = True  # longer than steady, spared as a known pause: if it ends, it was one
         since = float("inf") if self._last_window is None else now - self._last_window
-        if hang_open:
-            confirm = since >= RECONFIRM_EVERY or (not suspect and since >= CONFIRM_WINDOW)
-        elif suspect:
-            quiet = now < self._quiet_until and not decisive and stall < 2 * max(self._quiet_stall, limit)
-            confirm = not quiet
-        else:
-            confirm = False
         if decisive and stall < limit:
             signal = "process state"
         elif desync and stall < limit:
             signal = DESYNC_SIGNAL
+        self._calm(now, suspect, signal)
+        if hang_open:
+            confirm = since >= RECONFIRM_EVERY or (not suspect and since >= CONFIRM_WINDOW)
+        elif suspect:
+            quiet = now < self._quiet_until and not decisive and stall < self._escape(limit)
+            confirm = not quiet
+        else:
+            confirm = False
+        self._signal = signal
         return Decision(confirm, suspect, stall, signal, limit)
 
+    def _calm(self, now: float, suspect: bool, signal: str) -> None:
+        """Forget the fruitless windows after a calm stretch, or when another signal raises a suspicion
+        (the collective probe attached: its stall is not the coarse one the backoff was for)."""
+        if not suspect:
+            self._calm_since = now if self._calm_since is None else self._calm_since
+            if now - self._calm_since >= CALM_RESET:
+                self._fruitless = 0
+            return
+        self._calm_since = None
+        if self._fruitless and _family(signal) != self._fruitless_signal:
+            self._fruitless = 0
+            self._quiet_until = 0.0
+
+    def _escape(self, limit: float) -> float:
+        """The stall that ends a quiet time early: ``BACKOFF ** k`` times the fruitless stall (k fruitless
+        windows in a row), capped; the stretch the last window found nothing in, at least twice as long
+        (it is not looked at again at once)."""
+        base = max(self._quiet_stall, limit)
+        escape = min(BACKOFF ** max(1, self._fruitless) * base, max(MAX_ESCAPE, 2 * limit))
+        return escape if self._new_stretch else max(escape, 2 * base)
+
     def confirmed(self, now: float, *, found: bool, stall: float) -> None:
-        """A window was taken at ``now``; ``found`` whether it showed a hang."""
+        """A window was taken at ``now`` (on the last decision's signal); ``found`` whether it showed a
+        hang."""
         self._last_window = now
         if not found:
-            self._quiet_until = now + self.stall_after
+            same = self._fruitless and _family(self._signal) == self._fruitless_signal
+            self._fruitless = self._fruitless + 1 if same else 1
+            self._fruitless_signal = _family(self._signal)
+            self._quiet_until = now + min(max(self.stall_after, MAX_QUIET),
+                                          self.stall_after * BACKOFF ** (self._fruitless - 1))
             self._quiet_stall = stall
+            self._new_stretch = False
             self._in_pause = True  # if the majority now progresses, this stretch was a pause
         else:
+            self._fruitless = 0
             self._quiet_until = 0.0
             self._in_pause = False
 
@@ -195,6 +247,13 @@ class HangWatch:
         hold = unnamed and not hang_open and not self._held
         self._held = unnamed
         return hold
+
+
+def _family(signal: str) -> str:
+    """The backoff's view of a signal: the two procfs ones (a spinner's stall by stack, the majority's
+    main-thread pause) take turns on one job, poll by poll; the collective sequence (eBPF) and the
+    fingerprints are others."""
+    return STACK if signal in (STACK, MAIN_THREAD) else signal
 
 
 def with_trigger(findings: Sequence[Incident], d: Decision, stall_after: float) -> list[Incident]:
