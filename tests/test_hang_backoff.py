@@ -88,3 +88,10 @@ def test_the_stack_and_main_thread_signals_taking_turns_keep_the_backoff():
     _, t = _sim(h, T0, T0 + 120, _spin)
     # a spinner's majority is read by its pause when that is the longer: still the procfs signals
     assert not h.decide(t, 2.0, MAIN_THREAD, decisive=False, hang_open=False, learning=False).confirm
+
+
+def test_a_fixed_stall_after_does_not_back_off():
+    h = HangWatch(stall_after=2.0)
+    windows, _ = _sim(h, T0, T0 + 120, _spin)
+    gaps = [b - a for a, b in zip(windows, windows[1:], strict=False)]
+    assert gaps and max(gaps) <= 2 * 5.0, gaps  # every stretch of the spinner is looked at, as it always was

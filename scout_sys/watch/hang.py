@@ -41,7 +41,8 @@ seconds "without progress") thus pays a window every ``MAX_QUIET`` seconds, not 
 hang that begins after a fruitless window is still looked at once the majority has stalled
 ``MAX_ESCAPE`` seconds. A window that finds something, a suspicion raised by another signal (the
 collective probe attached; the stack and main-thread signals count as one) or ``CALM_RESET`` seconds
-without a suspicion start over.
+without a suspicion start over. A fixed ``--stall-after`` does not back off (each fruitless window
+is quiet for ``stall_after``, as the first).
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ CONFIRM_WINDOW = 1.0  # seconds of stacks taken to confirm a suspected hang
 RECONFIRM_EVERY = 5.0  # while a hang stays open
 BACKOFF = 2.0  # fruitless windows in a row: each multiplies the next quiet time (and escape stall) by this...
 MAX_QUIET = 30.0  # ...up to this many seconds of quiet...
-MAX_ESCAPE = 8.0  # ...while a new stretch this long (or twice stall-after) is always looked at
+MAX_ESCAPE = 6.0  # ...while a new stretch this long (or twice stall-after) is always looked at (a healthy
+# spinner read by its stack samples stalls 4-5 s; a hang must be named within 10 s, the window included)
 CALM_RESET = 30.0  # seconds without a suspicion that forget the fruitless windows
 DESYNC_SIGNAL = "collective fingerprints"
 
@@ -222,7 +224,8 @@ class HangWatch:
         hang."""
         self._last_window = now
         if not found:
-            same = self._fruitless and _family(self._signal) == self._fruitless_signal
+            # a --stall-after the user fixed is kept: no backoff beyond the first window's quiet time
+            same = self.fixed is None and self._fruitless and _family(self._signal) == self._fruitless_signal
             self._fruitless = self._fruitless + 1 if same else 1
             self._fruitless_signal = _family(self._signal)
             self._quiet_until = now + min(max(self.stall_after, MAX_QUIET),
