@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from scout_sys.model import ATTRIBUTED, INCONCLUSIVE, Incident, RankView
 from scout_sys.text import compress
 from scout_sys.tui.state import (
+    TIMING_ROWS,
     category,
     group_stacks,
+    median_series,
+    overall,
     parse_filter,
     pyspy_frame,
     short_host,
     sparkline,
     suspects,
+    timing_rows,
 )
 
 
@@ -71,3 +77,34 @@ def test_sparkline() -> None:
     assert sparkline([0, 1, 2, 4], 4) == "▁▃▅█"
     assert sparkline([1, 1], 4, top=2.0) == "  ▅▅"
     assert len(sparkline(list(range(100)), 16)) == 16
+
+
+def test_header_status_word_and_style() -> None:
+    from scout_sys.tui.synthetic import synthetic_snapshot
+
+    s = synthetic_snapshot(8, hung=2)
+    assert overall(None) == ("STARTING", "bold")
+    assert overall(s, "RuntimeError: boom") == ("ERROR RuntimeError: boom", "bold white on dark_orange3")
+    assert overall(s) == ("INCIDENT hang rank 2", "bold white on red")
+    two = Incident("hang", INCONCLUSIVE, (), (), 0.0, "no majority")
+    assert overall(replace(s, incidents=(two, *s.incidents)))[0] == "INCIDENT hang (inconclusive) +1 more"
+    wide = Incident("straggler", ATTRIBUTED, (4, 5, 6), (), 0.0, "slow")
+    assert overall(replace(s, incidents=(wide,)))[0] == "INCIDENT straggler ranks 4-6"
+    assert overall(replace(s, incidents=(), ended=True)) == ("JOB ENDED", "bold white on grey35")
+    assert overall(replace(s, incidents=())) == ("HEALTHY", "bold black on green")
+
+
+def test_timing_rows_suspects_selected_then_the_slowest_visible() -> None:
+    steps = {r: (1.0, 1.0 + r / 100) for r in range(20)}
+    steps[3] = (1.0, 9.0)
+    assert timing_rows(steps, frozenset({7}), range(20), 12) == [7, 12, 3, 19, 18, 17, 16]
+    assert len(timing_rows(steps, frozenset(), range(20), None)) == TIMING_ROWS - 1  # the median row is last
+    assert timing_rows(steps, frozenset(), [0, 1], None) == [1, 0]  # only visible ranks are picked
+    assert timing_rows({0: ()}, frozenset({2}), [0], 2) == [2]  # no steps yet: no slowest
+
+
+def test_median_series_aligned_at_the_newest_step() -> None:
+    assert median_series([]) == () and median_series([(), ()]) == ()
+    assert median_series([(1.0, 2.0, 3.0), (3.0, 4.0, 5.0), (2.0, 3.0, 10.0)]) == (2.0, 3.0, 5.0)
+    assert median_series([(1.0, 2.0), (4.0,)]) == (1.0, 3.0)  # a shorter series counts for its newest steps
+    assert len(median_series([tuple(range(40))], width=16)) == 16

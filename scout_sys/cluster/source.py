@@ -77,7 +77,10 @@ class ClusterSource(ClusterWatcher):
     """The whole job live: a Source for the dashboard, and the headless loop (``run``) with sinks.
     Its own state is named ``_src_*``, apart from the ClusterWatcher's."""
 
+    # the dashboard's Source members the watcher does not answer otherwise (tui/source.py)
     live = True
+    path: str | None = None  # no saved report: live data
+    can_replay = False  # replay runs beside one host's ranks (watch --job), not from the store
 
     def __init__(self, connect: Callable[[], Client], config: WatchConfig | None = None, *, store: str,
                  say: Callable[[str], None] = lambda _t: None, **kw: Any) -> None:
@@ -140,6 +143,9 @@ class ClusterSource(ClusterWatcher):
         d = self.client.diagnose(window)[0]
         self._src_views.from_window(d)  # never during a poll: the dashboard calls its source from one thread
         return d
+
+    def replay_now(self) -> bool:
+        return False  # can_replay: no replay from here
 
     def close(self) -> None:
         close = getattr(self.client, "close", None)

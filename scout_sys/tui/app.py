@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import statistics
 import threading
 import time
 from collections.abc import Sequence
@@ -28,13 +27,23 @@ from textual.reactive import reactive
 from textual.widgets import Footer, Input, Tree
 
 from scout_sys.errors import NoRanks, ScoutError, TargetGone
-from scout_sys.model import Diagnosis, Incident
+from scout_sys.model import Diagnosis, Event, Incident, Snapshot
 from scout_sys.report import printable, render
 from scout_sys.text import agent_event, compress
+from scout_sys.tui.cells import grid_cells
 from scout_sys.tui.chains import chains_text
-from scout_sys.tui.grid import Cell, RankGrid
-from scout_sys.tui.source import Source, save_report
-from scout_sys.tui.state import category, group_stacks, parse_filter, peer_blocks, peers_title, suspects
+from scout_sys.tui.grid import RankGrid
+from scout_sys.tui.source import Source, check_source, save_report
+from scout_sys.tui.state import (
+    TIMING_ROWS,
+    group_stacks,
+    median_series,
+    overall,
+    parse_filter,
+    peers_title,
+    suspects,
+    timing_rows,
+)
 from scout_sys.tui.widgets import (
     DevicePanel,
     HeaderBar,
@@ -49,7 +58,6 @@ from scout_sys.tui.widgets import (
 )
 
 EXIT_OK, EXIT_INCIDENT = 0, 1
-TIMING_ROWS = 8
 
 
 class Polled(Message):
@@ -105,9 +113,10 @@ class ScoutApp(App[int]):
         super().__init__()
         self.handle_sigterm = handle_sigterm
         self.source = source
-        self.live = bool(getattr(source, "live", True))
-        self.interval = float(interval if interval is not None else getattr(source, "interval", 0.5) or 0.5)
-        self.save_dir = save_dir or getattr(source, "state_dir", None)
+        check_source(source)  # a source lacking a member fails here, not later with a guessed default
+        self.live = source.live
+        self.interval = float(interval if interval is not None else source.interval or 0.5)
+        self.save_dir = save_dir or source.state_dir
         self._lock = threading.Lock()  # one call into the source at a time
         self._pending: Any = None
         self._apply_armed = False
@@ -152,11 +161,11 @@ class ScoutApp(App[int]):
     def on_mount(self) -> None:
         if self.handle_sigterm:  # `watch` ends cleanly on SIGTERM, dashboard or not
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._on_sigterm)
-        first = getattr(self.source, "snapshot", None)
+        first = self.source.snapshot
         if first is not None:
             self.snapshot = first
         else:
-            waiting = getattr(self.source, "waiting", None) or "waiting for the first poll…"
+            waiting = self.source.waiting or "waiting for the first poll…"
             self.query_one(HeaderBar).update(Text(f" scout-sys  {waiting}"))
         if self.live:
             self._arm_poll(0.0)
@@ -189,7 +198,7 @@ class ScoutApp(App[int]):
         if msg.error is not None:
             self._error = f"{type(msg.error).__name__}: {msg.error}"
             ended = isinstance(msg.error, TargetGone)
-            if isinstance(msg.error, NoRanks | TargetGone) and getattr(self.source, "snapshot", None) is None:
+            if isinstance(msg.error, NoRanks | TargetGone) and self.source.snapshot is None:
                 self.fatal = msg.error  # the selected job ended before it had ranks: nothing to show
                 self.exit(2)
                 return
@@ -197,12 +206,12 @@ class ScoutApp(App[int]):
             self._error = None
             for ev in msg.events:
                 self._on_event(ev)
-            waiting = getattr(self.source, "waiting", None)
+            waiting = self.source.waiting
             if msg.snapshot is None and waiting:
                 self.query_one(HeaderBar).update(Text(f" scout-sys  {waiting}"))
             if msg.snapshot is not None:
                 self.push_snapshot(msg.snapshot)
-                ended = bool(getattr(msg.snapshot, "ended", False))
+                ended = msg.snapshot.ended
         if ended:
             self.note = "job ended"
             self._refresh_header()
@@ -211,14 +220,14 @@ class ScoutApp(App[int]):
         self._arm_poll(delay)
 
     def _on_event(self, ev: Any) -> None:
-        inc: Incident | None = getattr(ev, "incident", None)
-        if inc is None:  # the monitor's own news (watch --cluster: an agent lost, or back)
+        if not isinstance(ev, Event):  # the monitor's own news (watch --cluster: an agent lost, or back)
             self.notify(printable(agent_event(ev)), severity="warning" if ev.event == "agent_lost" else "information",
                         markup=False, timeout=8)
             return
+        inc = ev.incident
         self.incidents_seen.add(inc.id or inc.kind)
         what = f"{inc.kind} ({inc.status})" + (f" ranks {compress(inc.ranks)}" if inc.ranks else "")
-        bundle = getattr(ev, "bundle", None)
+        bundle = ev.bundle
         if ev.event == "incident_opened":
             self.bell()
             lines = [f"incident opened: {what}", inc.summary] + ([f"evidence saved to {bundle}"] if bundle else [])
@@ -274,38 +283,15 @@ class ScoutApp(App[int]):
     def watch_note(self, _: str) -> None:
         self._refresh_header()
 
-    def _render_all(self, s: Any) -> None:
+    def _render_all(self, s: Snapshot) -> None:
         sus = suspects(s.incidents)
         match = parse_filter(self.filter_text)
-        by_rank = s.job.by_rank()
-        everyone = sorted(set(by_rank) | set(s.job.missing) | set(s.views))
-        hosts: dict[str, list[Cell]] = {}
-        counts: dict[str, int] = {}
-        visible: list[int] = []
-        block: dict[int, str] = {}
         if self.group_by == "peers":
-            blocks = peer_blocks(s.job)
-            for label, grp in blocks:
-                for r in grp:
-                    block.setdefault(r, label)
-            order = [r for _, grp in blocks for r in grp]
-            everyone = list(dict.fromkeys(order + everyone))
             self._grid_title()
-        for r in everyone:
-            rk = by_rank.get(r)
-            host = rk.host if rk else s.job.host
-            cat = category(s.views.get(r), r in sus)
-            if rk is None and r in s.job.missing and r not in s.views:
-                cat = "suspect" if r in sus else "exited"
-            counts[cat] = counts.get(cat, 0) + 1
-            if match is not None and not match(r, host, cat):
-                continue
-            visible.append(r)
-            hosts.setdefault(block.get(r, "other") if block else host, []).append(Cell(r, cat))
-        self._visible = visible
-        lost = {a["host"]: f"agent {a['state']}" for a in getattr(s, "agents", ()) if a["state"] != "up"}
-        self.query_one(RankGrid).set_cells(list(hosts.items()), notes=lost)
-        self.query_one(Legend).show(counts, len(visible), len(everyone))
+        grid = grid_cells(s, sus, by=self.group_by, match=match)
+        visible = self._visible = grid.visible
+        self.query_one(RankGrid).set_cells(grid.blocks, notes=grid.notes)
+        self.query_one(Legend).show(grid.counts, len(visible), grid.total)
         self.query_one(IncidentTree).show_incidents(s.incidents, s.closed, s.time)
         stacks = s.stacks or {r: v.stack for r, v in s.views.items() if v.stack}
         self.query_one(StackTree).show_groups(group_stacks(stacks, suspect=sus,
@@ -313,26 +299,13 @@ class ScoutApp(App[int]):
         self._render_timing(s, sus, visible)
         self._refresh_header()
 
-    def _timing_ranks(self, s: Any, sus: frozenset[int], visible: Sequence[int]) -> list[int]:
-        rows: list[int] = sorted(sus)
-        if self.selected is not None and self.selected not in rows:
-            rows.append(self.selected)
-        vis = set(visible)
-        slow = sorted((r for r, v in s.step_times.items() if v and r in vis), key=lambda r: -s.step_times[r][-1])
-        for r in slow:
-            if len(rows) >= TIMING_ROWS - 1:
-                break
-            if r not in rows:
-                rows.append(r)
-        return rows
-
-    def _render_timing(self, s: Any, sus: frozenset[int], visible: Sequence[int]) -> None:
-        rows = self._timing_ranks(s, sus, visible)
+    def _render_timing(self, s: Snapshot, sus: frozenset[int], visible: Sequence[int]) -> None:
+        rows = timing_rows(s.step_times, sus, visible, self.selected)
         steps = dict(s.step_times)
         waits = dict(s.wait_fractions)
         if steps:
-            steps[-1] = _median_series(s.step_times.values())
-            waits[-1] = _median_series(s.wait_fractions.values())
+            steps[-1] = median_series(s.step_times.values())
+            waits[-1] = median_series(s.wait_fractions.values())
             rows.append(-1)
         self.query_one(TimingPanel).show(steps, waits, rows, suspect=sus)
         dev = self.query_one(DevicePanel)
@@ -342,24 +315,7 @@ class ScoutApp(App[int]):
             dev.show(s.devices, drows, suspect=sus)
 
     def overall(self) -> tuple[str, str]:
-        s = self.snapshot
-        if self._error:
-            return f"ERROR {self._error}", "bold white on dark_orange3"
-        if s is None:
-            return "STARTING", "bold"
-        if s.incidents:
-            first = s.incidents[0]
-            what = f"INCIDENT {first.kind}"
-            if first.ranks:
-                what += f" rank{'s' if len(first.ranks) != 1 else ''} {compress(first.ranks)}"
-            else:
-                what += f" ({first.status})"
-            if len(s.incidents) > 1:
-                what += f" +{len(s.incidents) - 1} more"
-            return what, "bold white on red"
-        if s.ended:
-            return "JOB ENDED", "bold white on grey35"
-        return "HEALTHY", "bold black on green"
+        return overall(self.snapshot, self._error)
 
     def _refresh_header(self) -> None:
         s = self.snapshot
@@ -369,8 +325,8 @@ class ScoutApp(App[int]):
         note = self.note
         if s.bundle:
             note = (note + " · " if note else "") + f"evidence bundle {s.bundle}"
-        if not self.live and getattr(self.source, "path", None):
-            note = (note + " · " if note else "") + f"report {self.source.path}"  # type: ignore[attr-defined]
+        if not self.live and self.source.path:
+            note = (note + " · " if note else "") + f"report {self.source.path}"
         self.query_one(HeaderBar).show(s, status=status, status_style=style, live=self.live, note=note)
 
     # ------------------------------------------------------------------ interaction
@@ -444,10 +400,9 @@ class ScoutApp(App[int]):
 
     def action_replay(self) -> None:
         """Start a replay round beside the job (its sdc / straggler findings arrive as incidents)."""
-        replay_now = getattr(self.source, "replay_now", None)
-        if replay_now is None:
+        if not self.source.can_replay:
             self.notify("replay needs a live job", markup=False)
-        elif replay_now():
+        elif self.source.replay_now():
             self.notify("replay round started: its findings arrive as incidents", markup=False, timeout=5)
         else:
             self.notify("a replay round is already running (or replay is off)", markup=False)
@@ -505,7 +460,7 @@ class ScoutApp(App[int]):
         self.exit(self.exit_status())
 
     def exit_status(self) -> int:
-        seen = self.incidents_seen or bool(getattr(self.source, "ever_opened", False))
+        seen = self.incidents_seen or self.source.ever_opened
         return EXIT_INCIDENT if seen else EXIT_OK
 
     def _on_sigterm(self) -> None:
@@ -517,17 +472,6 @@ class ScoutApp(App[int]):
             self._lock.release()
             return True
         return False
-
-
-def _median_series(series: Any, width: int = 16) -> tuple[float, ...]:
-    """The newest ``width`` positions, each the median over ranks (sequences aligned at their end)."""
-    tails = [tuple(s[-width:]) for s in series if s]
-    if not tails:
-        return ()
-    n = max(len(t) for t in tails)
-    if any(len(t) != n for t in tails):
-        tails = [(None,) * (n - len(t)) + t for t in tails]
-    return tuple(statistics.median(v for v in col if v is not None) for col in zip(*tails, strict=True))
 
 
 def make_app(source: Source, *, interval: float | None = None, save_dir: str | None = None,

@@ -1,10 +1,10 @@
 """The dashboard's rank grid: one cell per rank, coloured by category, laid out by host (or by the
-learned peers). It renders the cells it is handed; it never probes or blocks."""
+learned peers). It renders the cells it is handed (tui/cells.py computes them); it never probes or
+blocks."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rich.segment import Segment
@@ -18,28 +18,19 @@ from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
 
-from scout_sys.report import printable
-from scout_sys.text import compress
-from scout_sys.tui.state import (
-    CATEGORIES,
-    short_host,
-)
+from scout_sys.tui.cells import DIM, HOST, HOST_SUSPECT, PLAIN, Cell, Seg, grid_lines, hit_map, is_compact
+from scout_sys.tui.state import CATEGORIES
 
-_GLYPH = "■"
-
-
-@dataclass(frozen=True)
-class Cell:
-    rank: int
-    category: str
+__all__ = ["Cell", "RankGrid"]
 
 
 class RankGrid(Widget, can_focus=True):
-    """One cell per rank, coloured by category, laid out by host. Up to ~256 ranks each cell shows
-    its rank number; beyond, one glyph per rank, several hosts per line."""
+    """One cell per rank, coloured by category, laid out by host. Up to ``cells.WIDE_MAX`` ranks each
+    cell shows its rank number; beyond, one glyph per rank, several hosts per line. The lines come
+    from tui/cells.py; this widget paints them, caches them and moves its cursor over them."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {f"rankgrid--{c}" for c in CATEGORIES} | {
-        "rankgrid--host", "rankgrid--host-suspect", "rankgrid--cursor"}
+        f"rankgrid--{HOST}", f"rankgrid--{HOST_SUSPECT}", "rankgrid--cursor"}
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("left", "move(-1, 0)", "prev", show=False),
         Binding("right", "move(1, 0)", "next", show=False),
@@ -49,7 +40,6 @@ class RankGrid(Widget, can_focus=True):
         Binding("end", "edge(1)", "last", show=False),
         Binding("enter", "details", "details"),
     ]
-    WIDE_MAX = 256
 
     selected: reactive[int | None] = reactive(None)
 
@@ -63,12 +53,11 @@ class RankGrid(Widget, can_focus=True):
         super().__init__(**kw)
         self._hosts: list[tuple[str, list[Cell]]] = []
         self._version = 0
-        self._cache: tuple[int, int, list[list[tuple[str, str, int | None]]]] | None = None
+        self._cache: tuple[int, int, list[list[Seg]]] | None = None
         self._hits: dict[int, tuple[int, int, int]] = {}  # rank -> (y, x0, x1)
         self._rows: list[list[tuple[int, int, int]]] = []  # y -> [(x0, x1, rank)]
         self._order: list[int] = []
         self._compact = False
-        self._labels: dict[str, str] = {}
         self._notes: dict[str, str] = {}
         self._strip_key: object = None
         self._strips: dict[int, Strip] = {}
@@ -83,7 +72,6 @@ class RankGrid(Widget, can_focus=True):
         if hosts == self._hosts and notes == self._notes:
             return
         self._hosts, self._notes = hosts, notes
-        self._labels = {h: short_host(h, 12) for h, _ in hosts}
         self._version += 1
         self._cache = None
         self._order = [c.rank for _, cs in self._hosts for c in cs]
@@ -94,86 +82,16 @@ class RankGrid(Widget, can_focus=True):
         return list(self._order)
 
     # ---- layout
-    def _layout(self, width: int) -> list[list[tuple[str, str, int | None]]]:
+    def _layout(self, width: int) -> list[list[Seg]]:
+        """The lines at ``width`` (tui/cells.py), cached until the cells or the width change."""
         width = max(8, width)
         if self._cache and self._cache[0] == width and self._cache[1] == self._version:
             return self._cache[2]
-        total = sum(len(cs) for _, cs in self._hosts)
-        self._compact = total > self.WIDE_MAX
-        lines = self._layout_compact(width) if self._compact else self._layout_wide(width)
+        self._compact = is_compact(self._hosts)
+        lines = grid_lines(self._hosts, self._notes, width)
         self._cache = (width, self._version, lines)
-        self._hits.clear()
-        self._rows = []
-        for y, segs in enumerate(lines):
-            x = 0
-            row = []
-            for text, _, rank in segs:
-                if rank is not None:
-                    self._hits[rank] = (y, x, x + len(text))
-                    row.append((x, x + len(text), rank))
-                x += len(text)
-            self._rows.append(row)
+        self._hits, self._rows = hit_map(lines)
         return lines
-
-    def _layout_wide(self, width: int) -> list[list[tuple[str, str, int | None]]]:
-        lines: list[list[tuple[str, str, int | None]]] = []
-        digits = max((len(str(c.rank)) for _, cs in self._hosts for c in cs), default=1)
-        per_line = max(1, (width + 1) // (digits + 3))
-        for host, cells in self._hosts:
-            head = f"{short_host(host, max(8, width - 12))} "
-            line = [(head, self._host_style(cells), None), (compress(c.rank for c in cells), "dim", None)]
-            if host in self._notes:
-                line.append((f"  {printable(self._notes[host])}", "dim", None))
-            lines.append(line)
-            for i in range(0, len(cells), per_line):
-                row: list[tuple[str, str, int | None]] = []
-                for c in cells[i:i + per_line]:
-                    row.append((f" {c.rank:>{digits}} ", c.category, c.rank))  # "[n]" when selected
-                    row.append((" ", "", None))
-                lines.append(row[:-1])
-        return lines
-
-    def _layout_compact(self, width: int) -> list[list[tuple[str, str, int | None]]]:
-        label_w = min(12, max((len(self._labels[h]) for h, _ in self._hosts), default=4))
-        cap = max(1, width - label_w - 1)
-        blocks: list[list[list[tuple[str, str, int | None]]]] = []
-        for host, cells in self._hosts:
-            rows = []
-            for i in range(0, max(1, len(cells)), cap):
-                label = self._labels[host].ljust(label_w) if i == 0 else " " * label_w
-                row: list[tuple[str, str, int | None]] = [(label + " ", self._host_style(cells), None)]
-                if i == 0 and host in self._notes:
-                    row.append(("? ", "unknown", None))  # compact: a mark for "agent lost"
-                row += [("!" if c.category == "suspect" else _GLYPH, c.category, c.rank)
-                        for c in cells[i:i + cap]]
-                rows.append(row)
-            blocks.append(rows)
-        lines: list[list[tuple[str, str, int | None]]] = []
-        cur: list[tuple[str, str, int | None]] = []
-        cur_w = 0
-        for rows in blocks:
-            if len(rows) > 1:
-                if cur:
-                    lines.append(cur)
-                    cur, cur_w = [], 0
-                lines.extend(rows)
-                continue
-            w = sum(len(t) for t, _, _ in rows[0])
-            if cur and cur_w + 2 + w > width:
-                lines.append(cur)
-                cur, cur_w = [], 0
-            if cur:
-                cur.append(("  ", "", None))
-                cur_w += 2
-            cur += rows[0]
-            cur_w += w
-        if cur:
-            lines.append(cur)
-        return lines
-
-    @staticmethod
-    def _host_style(cells: Sequence[Cell]) -> str:
-        return "host-suspect" if any(c.category == "suspect" for c in cells) else "host"
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return max(1, len(self._layout(width)))
@@ -185,10 +103,10 @@ class RankGrid(Widget, can_focus=True):
             for c in CATEGORIES:
                 if c != "suspect":
                     styles[c] = Style(color=styles[c].bgcolor)
-        styles["host"] = self.get_component_rich_style("rankgrid--host")
-        styles["host-suspect"] = self.get_component_rich_style("rankgrid--host-suspect")
-        styles["dim"] = Style(dim=True)
-        styles[""] = Style()
+        styles[HOST] = self.get_component_rich_style(f"rankgrid--{HOST}")
+        styles[HOST_SUSPECT] = self.get_component_rich_style(f"rankgrid--{HOST_SUSPECT}")
+        styles[DIM] = Style(dim=True)
+        styles[PLAIN] = Style()
         return {k: base + v for k, v in styles.items()}
 
     def render_line(self, y: int) -> Strip:
@@ -206,13 +124,13 @@ class RankGrid(Widget, can_focus=True):
             strip = self._strips[y] = self._build_strip(lines[y] if y < len(lines) else [], width)
         return strip
 
-    def _build_strip(self, segs: list[tuple[str, str, int | None]], width: int) -> Strip:
+    def _build_strip(self, segs: list[Seg], width: int) -> Strip:
         styles = self._style_map
         cursor = self.get_component_rich_style("rankgrid--cursor")
         out: list[Segment] = []
         run_text, run_style = "", None
         for text, cat, rank in segs:
-            st = styles.get(cat, styles[""])
+            st = styles.get(cat, styles[PLAIN])
             if rank is not None and rank == self.selected:
                 if self._compact:
                     st = st + Style(color="white", bgcolor=st.color or st.bgcolor, bold=True)
@@ -228,7 +146,7 @@ class RankGrid(Widget, can_focus=True):
         if run_text:
             out.append(Segment(run_text, run_style))
         if not segs and not self._hosts and not self._strips:
-            out.append(Segment("no ranks", styles["dim"]))
+            out.append(Segment("no ranks", styles[DIM]))
         return Strip(out).crop_extend(0, width, self.rich_style)
 
     # ---- interaction

@@ -20,22 +20,86 @@ from scout_sys.files import private_dirs, private_opener
 from scout_sys.model import Diagnosis, Event, Snapshot
 from scout_sys.report import printable, render
 
-__all__ = ["Event", "ReportSource", "Snapshot", "Source", "diagnosis_of", "load_report", "markdown_report",
-           "report_json", "save_report"]
-
-
+__all__ = ["SOURCE_MEMBERS", "Event", "ReportSource", "Snapshot", "Source", "SourceDefaults", "check_source",
+           "diagnosis_of", "load_report", "markdown_report", "report_json", "save_report"]
 
 @runtime_checkable
 class Source(Protocol):
-    """What the dashboard renders. ``poll`` blocks; the app calls it from one worker at a time."""
+    """What the dashboard renders and asks, every member read as it is (the app guesses no
+    defaults): a source lacking one is not a Source (``isinstance``; :func:`check_source`, which the
+    app calls, names what is missing). :class:`SourceDefaults` holds the usual answers once.
+    ``poll`` blocks; the app calls the source from one thread at a time."""
 
-    snapshot: Any  # Snapshot | None before the first poll
+    @property
+    def live(self) -> bool:
+        """Polled; False: one fixed snapshot (a saved report), never polled."""
 
-    def poll(self) -> Sequence[Any]: ...  # the Events of this iteration
+    @property
+    def interval(self) -> float:
+        """Seconds between polls, unless the app is given its own; 0: none of its own (0.5 s)."""
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        """The latest state; None before the first poll found a job."""
+
+    @property
+    def waiting(self) -> str | None:
+        """What the source waits for while it has no snapshot, for people (None: the app's words)."""
+
+    @property
+    def state_dir(self) -> str | None:
+        """Where the ``s`` key saves reports (None: the current directory)."""
+
+    @property
+    def path(self) -> str | None:
+        """The saved report shown, named in the header (None: live data)."""
+
+    @property
+    def ever_opened(self) -> bool:
+        """An incident was ever opened, including ones no snapshot showed: the exit status."""
+
+    @property
+    def can_replay(self) -> bool:
+        """The ``r`` key can start a replay round beside the job (a live job on this host)."""
+
+    def replay_now(self) -> bool:
+        """Start a replay round now; False when one runs already or replay is off."""
+
+    def poll(self) -> Sequence[Any]:
+        """One iteration (blocking): its events (model.Event, or the monitor's own news)."""
 
     def diagnose_now(self, window: float = 3.0) -> Diagnosis: ...
 
     def close(self) -> None: ...
+
+
+SOURCE_MEMBERS = tuple(sorted(n for n, v in vars(Source).items()
+                              if not n.startswith("_") and (isinstance(v, property) or callable(v))))
+
+
+def check_source(source: object) -> None:
+    """Raise TypeError naming the members ``source`` lacks, if it is not a complete Source."""
+    missing = [n for n in SOURCE_MEMBERS if not hasattr(source, n)]  # what isinstance(source, Source) checks
+    if missing:
+        raise TypeError(f"{type(source).__name__} is not a dashboard Source: it lacks {', '.join(missing)}")
+
+
+class SourceDefaults:
+    """The answers most sources give, in one place: live, polled every 0.5 s, no saved report, nothing
+    waited for, reports saved in the current directory, no incident beyond the ones its snapshots show,
+    no replay. A source inherits this and sets what differs (the live watch and the cluster source
+    answer every member themselves: they do not import the dashboard)."""
+
+    live: bool = True
+    interval: float = 0.5
+    waiting: str | None = None
+    state_dir: str | None = None
+    path: str | None = None
+    ever_opened: bool = False
+    can_replay: bool = False
+
+    def replay_now(self) -> bool:
+        return False
 
 
 # --------------------------------------------------------------------------- snapshot → report
@@ -103,7 +167,7 @@ def load_report(doc: Mapping[str, Any]) -> Any:
         raise ScoutError(str(e)) from None
 
 
-class ReportSource:
+class ReportSource(SourceDefaults):
     """A saved report, replayed: one snapshot, no probing. ``poll`` returns no events."""
 
     live = False
@@ -121,7 +185,7 @@ class ReportSource:
             self.path: str | None = report
         else:
             doc, self.path = report, None
-        self.snapshot = load_report(doc)
+        self.snapshot: Snapshot | None = load_report(doc)
         self.state_dir = os.path.dirname(os.path.abspath(report)) if isinstance(report, str) else None
 
     def poll(self) -> list[Any]:

@@ -1,4 +1,5 @@
-"""Pure helpers the dashboard's widgets share: rank categories, stack groups, filters, sparklines.
+"""Pure helpers the dashboard's widgets share: rank categories, stack groups, filters, the header's
+status, the timing panel's rows, sparklines (the rank grid's own computation: tui/cells.py).
 
 No textual, no I/O: every function here is a plain function of a snapshot's records, so it is
 unit-testable on synthetic data at thousands of ranks.
@@ -7,12 +8,13 @@ unit-testable on synthetic data at thousands of ranks.
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from scout_sys.model import ATTRIBUTED, Incident, Job, RankView
+from scout_sys.model import ATTRIBUTED, Incident, Job, RankView, Snapshot
 from scout_sys.report import printable
-from scout_sys.text import coords_text
+from scout_sys.text import compress, coords_text
 
 # What a cell of the rank grid says, in the order of the legend. "suspect" wins over every state.
 CATEGORIES = ("progressing", "waiting", "stalled", "stopped", "exited", "unknown", "suspect")
@@ -165,6 +167,61 @@ def parse_filter(expr: str) -> Callable[[int, str, str], bool] | None:
                 or any(h and h in host for h in hosts))
 
     return match
+
+
+# --------------------------------------------------------------------------- header and timing
+
+TIMING_ROWS = 8  # rows of the timing panel, the job's median row included
+
+
+def overall(s: Snapshot | None, error: str | None = None) -> tuple[str, str]:
+    """The header's status word and its style: the poll's error, the first open incident, the job's
+    end, or healthy."""
+    if error:
+        return f"ERROR {error}", "bold white on dark_orange3"
+    if s is None:
+        return "STARTING", "bold"
+    if s.incidents:
+        first = s.incidents[0]
+        what = f"INCIDENT {first.kind}"
+        if first.ranks:
+            what += f" rank{'s' if len(first.ranks) != 1 else ''} {compress(first.ranks)}"
+        else:
+            what += f" ({first.status})"
+        if len(s.incidents) > 1:
+            what += f" +{len(s.incidents) - 1} more"
+        return what, "bold white on red"
+    if s.ended:
+        return "JOB ENDED", "bold white on grey35"
+    return "HEALTHY", "bold black on green"
+
+
+def timing_rows(step_times: Mapping[int, Sequence[float]], suspect: frozenset[int], visible: Iterable[int],
+                selected: int | None, limit: int = TIMING_ROWS) -> list[int]:
+    """The timing panel's ranks: the suspects, the selected rank, then the slowest of the visible
+    ranks by their last step, up to ``limit - 1`` (the last row is the job's median)."""
+    rows: list[int] = sorted(suspect)
+    if selected is not None and selected not in rows:
+        rows.append(selected)
+    vis = set(visible)
+    slow = sorted((r for r, v in step_times.items() if v and r in vis), key=lambda r: -step_times[r][-1])
+    for r in slow:
+        if len(rows) >= limit - 1:
+            break
+        if r not in rows:
+            rows.append(r)
+    return rows
+
+
+def median_series(series: Iterable[Sequence[float | None]], width: int = 16) -> tuple[float, ...]:
+    """The newest ``width`` positions, each the median over ranks (sequences aligned at their end)."""
+    tails = [tuple(s[-width:]) for s in series if s]
+    if not tails:
+        return ()
+    n = max(len(t) for t in tails)
+    if any(len(t) != n for t in tails):
+        tails = [(None,) * (n - len(t)) + t for t in tails]
+    return tuple(statistics.median(v for v in col if v is not None) for col in zip(*tails, strict=True))
 
 
 # --------------------------------------------------------------------------- sparklines

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from scout_sys.model import ATTRIBUTED, HANG, Diagnosis, Evidence, Incident, Job, Rank, RankView
-from scout_sys.tui.source import Event, Snapshot, diagnosis_of
+from scout_sys.tui.source import Event, Snapshot, SourceDefaults, diagnosis_of
 
 T0 = 1_760_000_000.0  # a fixed clock, so that renders are reproducible
 
@@ -104,10 +104,8 @@ def synthetic_snapshot(n: int = 8, *, per_host: int = 4, hung: int | None = 2, e
                     devices=devs, ended=False, bundle=None)
 
 
-class ScriptedSource:
+class ScriptedSource(SourceDefaults):
     """A Source that plays a list of snapshots (and their events), one per poll, then repeats the last."""
-
-    live = True
 
     def __init__(self, frames: Sequence[tuple[Any, Sequence[Any]]], *, interval: float = 0.25,
                  poll_delay: float = 0.0) -> None:
@@ -118,7 +116,6 @@ class ScriptedSource:
         self.polls = 0
         self.diagnoses = 0
         self.closed = False
-        self.state_dir: str | None = None
         self.in_poll = 0
         self.max_in_poll = 0
 

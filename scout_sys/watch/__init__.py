@@ -67,7 +67,12 @@ __all__ = ["HANG_KINDS", "WAITING_TEXT", "WatchConfig", "Watcher"]
 
 
 class Watcher:
-    """A live job, polled every ``interval`` seconds; a :class:`~scout_sys.tui.source.Source`."""
+    """A live job, polled every ``interval`` seconds; a :class:`~scout_sys.tui.source.Source`, every
+    member of which it answers itself (the engine does not import the dashboard)."""
+
+    live = True  # the dashboard polls it
+    path: str | None = None  # no saved report: live data
+    can_replay = True  # the dashboard's `r` (replay_now says when it cannot start a round)
 
     def __init__(self, selector: str, config: WatchConfig | None = None, *, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep, **settings: Any) -> None:
