@@ -72,13 +72,8 @@ def test_a_saved_file_names_itself(tmp_path: Any) -> None:
     assert (r.path, r.state_dir, r.live) == (str(f), str(tmp_path), False)
 
 
-class Incomplete:
-    """A source from before the protocol: no ``path``, ``waiting``, ``ever_opened``, replay."""
-
-    live = True
-    interval = 0.5
-    state_dir = None
-    snapshot = None
+class _Methods:
+    """The methods every source has (these tests are about its attributes)."""
 
     def poll(self) -> list[Any]:
         return []
@@ -88,6 +83,15 @@ class Incomplete:
 
     def close(self) -> None:
         pass
+
+
+class Incomplete(_Methods):
+    """A source from before the protocol: no ``path``, ``waiting``, ``ever_opened``, replay."""
+
+    live = True
+    interval = 0.5
+    state_dir = None
+    snapshot = None
 
 
 def test_a_source_missing_members_is_refused() -> None:
@@ -102,17 +106,8 @@ def test_a_source_missing_members_is_refused() -> None:
 
 
 def test_defaults_complete_a_source_that_sets_only_what_differs() -> None:
-    class Minimal(SourceDefaults):
+    class Minimal(SourceDefaults, _Methods):
         snapshot = None
-
-        def poll(self) -> list[Any]:
-            return []
-
-        def diagnose_now(self, window: float = 3.0) -> Any:
-            raise NotImplementedError
-
-        def close(self) -> None:
-            pass
 
     src = Minimal()
     check_source(src)
