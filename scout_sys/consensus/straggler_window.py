@@ -168,10 +168,10 @@ def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], win
     (it never waited while the majority did), the collective arrival lag (eBPF), the main thread's busy
     share (schedstat: on a CPU or waiting for one) and the cgroup's throttled share (cpu.stat), each an
     outlier among the ranks doing the same work by the same robust vote. One continuous measure alone
-    gives an inconclusive straggler — a note when it is the busy share of a rank contended for a CPU
-    (the host's load); the stack samples alone, the weakest, a note. The verdict says the cause. Returns (incidents, notes)."""
-    waits = stack_waits(job, obs)
-    seen = never_waiting(job, obs, acts, waits)
+    gives an inconclusive straggler — a note when it is the busy share of a rank contended for a CPU whose
+    peers' stack samples, read, did not show them waiting for it (the host's load); the stack samples alone, the weakest, a note. The verdict says the cause. Returns (incidents, notes)."""
+    read = stack_waits(job, obs)
+    seen = never_waiting(job, obs, acts, read)
     named, causes = measures(job, obs, window[0], window[1])
     out: list[Incident] = []
     notes: list[str] = []
@@ -209,7 +209,7 @@ def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], win
             notes.append(f"possible straggler (stack samples only, not enough to name it): {ev[0].text}")
             continue
         if n == 1 and w0 is not None and w0.metric == "busy" and c is not None and c.kind == "contended" \
-                and r in waits:
+                and r in read:
             # busier only because it waited for a CPU, and its peers' stacks, read, did not show them waiting
             # for it: the host's load, which the ranks of a busy host meet in turns, not a straggler — a note
             # says where the CPUs went (without stacks to ask, it stays an inconclusive straggler)
