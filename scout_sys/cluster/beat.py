@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from scout_sys.cluster.heartbeat import RankBeat
-from scout_sys.consensus import straggler
+from scout_sys.consensus import lifecycle, straggler
 from scout_sys.model import (
     CollectiveSample,
     DeviceSample,
@@ -92,6 +92,8 @@ class LocalWatch:
         seqs = self.progress.seqs()
         steps = straggler.periods(self._samples, now - STEP_SECONDS, now)
         out = []
+        # a rank that ended cleanly is no dead rank to its agent either: the job may be finishing
+        clean = lifecycle.clean_ends([*procs, *self._events]) if any(dead(p) for p in procs) else frozenset()
         for p in procs:
             stall, signal = self.progress.stalled(p.rank, now)
             view = self.views.views.get(p.rank)
@@ -99,7 +101,7 @@ class LocalWatch:
             out.append(RankBeat(
                 rank=p.rank, pid=p.pid, state=p.status,
                 pause=0.0 if p.status == "running" or p.main_last_ran is None else max(0.0, now - p.main_last_ran),
-                stall=stall, signal=signal, dead=dead(p),
+                stall=stall, signal=signal, dead=dead(p) and p.pid not in clean,
                 where=view.where if view else "", stack=self._hash(stack) if stack else "",
                 seqs=tuple(sorted(seqs.get(p.rank, {}).items())), step=steps.get(p.rank)))
         return out

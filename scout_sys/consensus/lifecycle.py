@@ -24,6 +24,7 @@ from scout_sys.model import (
     Job,
     Observation,
     OomRecord,
+    ProcSample,
     SignalRecord,
 )
 from scout_sys.text import signal_name
@@ -60,6 +61,19 @@ def _evidence(e: ExitRecord, k: SignalRecord | None, oom: OomRecord | None, role
             data["anon_rss_kb"] = oom.anon_rss_kb
     return Evidence("ebpf", f"rank {e.rank} (pid {e.pid}) {describe(e, k, oom)} at {e.time:.6f}",
                     rank=e.rank, data=data)
+
+
+def clean_ends(obs: Sequence[Observation]) -> frozenset[int]:
+    """The pids of the ranks that ended cleanly, status 0 and no signal, by the exit probe's record or
+    a zombie's status read from /proc (a rank reaped at once, without eBPF, is not known to be one).
+    Pids, not ranks: a restarted job's rank is a new process."""
+    clean: set[int] = set()
+    unclean: set[int] = set()
+    for o in obs:
+        if isinstance(o, ExitRecord) or (isinstance(o, ProcSample) and o.status == "zombie"):
+            code, sig = (o.exit_code, o.signal) if isinstance(o, ExitRecord) else (o.exit_code, o.exit_signal)
+            (clean if code == 0 and not sig else unclean).add(o.pid)
+    return frozenset(clean - unclean)
 
 
 def analyze(job: Job, obs: Sequence[Observation]) -> list[Incident]:

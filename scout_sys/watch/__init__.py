@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from scout_sys.consensus import commonmode, desync, hardware, peers, rules
+from scout_sys.consensus import commonmode, desync, hardware, lifecycle, peers, rules
 from scout_sys.consensus.kinds import HANG_KINDS
 from scout_sys.exporters import feed
 from scout_sys.job import find_job
@@ -245,13 +245,16 @@ class Watcher:
     def _hang_step(self, procs: Sequence[ProcSample], now: float) -> list[Event]:
         job, mon = self.job, self.monitor
         assert job is not None and mon is not None
-        decisive = bool(job.missing) or any(_dead(p) for p in procs)
+        # a rank that ended cleanly is no dead rank: the job may be finishing (watch/hang.py)
+        clean = lifecycle.clean_ends([*procs, *self._obs]) if any(_dead(p) for p in procs) else frozenset()
+        decisive = bool(job.missing) or any(_dead(p) and p.pid not in clean for p in procs)
         n = len(job.ranks) + len(job.missing)
         stall, signal = self.progress.majority([r.rank for r in job.ranks], n, now)
         hang_open = bool(self.book.of_kinds(HANG_KINDS))
         d = self.hang.decide(now, stall, signal, decisive=decisive, hang_open=hang_open,
                              learning=not job.missing and not mon.settling,
-                             desync=not hang_open and self._fingerprints_disagree(mon.job))
+                             desync=not hang_open and self._fingerprints_disagree(mon.job),
+                             finishing=any(p.pid in clean for p in procs))
         if d.confirm and self._native_dumps:
             # a bundle's native dump holds ranks right now: a window would judge the pause we caused
             # (witnesses frozen mid-collective look like a common-mode hang); decide once it is done

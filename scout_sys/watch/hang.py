@@ -43,6 +43,12 @@ hang that begins after a fruitless window is still looked at once the majority h
 collective probe attached; the stack and main-thread signals count as one) or ``CALM_RESET`` seconds
 without a suspicion start over. A fixed ``--stall-after`` does not back off (each fruitless window
 is quiet for ``stall_after``, as the first).
+
+A rank that ended cleanly (status 0, no signal) is not a dead rank: a job finishing ends its ranks a
+moment apart, seconds apart when its communicators are torn down on a busy host, and the others'
+stall meanwhile is their teardown. While one has (``finishing``), the majority's stall raises a
+suspicion only past ``FINISHING_GRACE`` seconds, and teaches nothing: a rank that left early with 0
+while the others wait for it is still named, that much later.
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ MAX_ESCAPE = 6.0  # ...while a new stretch this long (or twice stall-after) is a
 # spinner read by its stack samples stalls 4-5 s; a hang must be named within 10 s, the window included)
 CALM_RESET = 30.0  # seconds without a suspicion that forget the fruitless windows
 DESYNC_SIGNAL = "collective fingerprints"
+FINISHING_GRACE = 15.0  # seconds of stall spared once a rank ended cleanly (the job may be finishing)
 
 
 @dataclass(frozen=True)
@@ -172,14 +179,14 @@ class HangWatch:
             self._relearn(now)
 
     def decide(self, now: float, stall: float, signal: str, *, decisive: bool, hang_open: bool,
-               learning: bool, desync: bool = False) -> Decision:
+               learning: bool, desync: bool = False, finishing: bool = False) -> Decision:
         """One poll: ``stall`` is the majority's no-progress time by ``signal``; ``decisive`` a rank
         stopped, died or is missing; ``desync`` the eBPF fingerprints show one (consensus/desync.py);
         ``learning`` whether a healthy stretch may teach ``stall_after`` (every rank is there and
-        every probe settled)."""
-        self._learn(now, stall, learning=learning and not hang_open and not decisive)
+        every probe settled); ``finishing`` a rank ended cleanly (the job may be ending)."""
+        self._learn(now, stall, learning=learning and not hang_open and not decisive and not finishing)
         limit = self.threshold(now, stall)
-        suspect = decisive or desync or stall >= limit
+        suspect = decisive or desync or stall >= (max(limit, FINISHING_GRACE) if finishing else limit)
         if not suspect and stall >= self.stall_after:
             self._in_pause = True  # longer than steady, spared as a known pause: if it ends, it was one
         since = float("inf") if self._last_window is None else now - self._last_window
