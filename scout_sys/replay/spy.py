@@ -3,9 +3,12 @@
 Two sources, at a low rate (``CheckpointSpy.scan`` every few seconds):
 
 - the files a rank holds open (``/proc/PID/fd``): a large checkpoint is open while it is written;
-- a shallow look at the ranks' working directory, the folders the ranks were seen writing in, and
-  folders named like ``checkpoint*`` / ``ckpt*`` (two levels at most, a bounded number of entries):
-  a small ``torch.save`` is open for milliseconds and is found here by its modification time.
+- a shallow look at the ranks' working directory, the folders their command line names for
+  checkpoints (``--save DIR``, ``--checkpoint-dir=DIR``, ``--job.dump_folder DIR``: see
+  :func:`arg_dirs`), the folders the ranks were seen writing in, and folders named like
+  ``checkpoint*`` / ``ckpt*`` (two levels at most, a bounded number of entries): a small
+  ``torch.save`` is open for milliseconds and is found here by its modification time, wherever the
+  watch happened to be busy when it was written (a confirm window reads stacks for seconds).
 
 A checkpoint file is ``*.pt``, ``*.pth``, ``*.safetensors``, ``*.distcp``, ``.metadata`` or any file
 under a folder named like ``checkpoint*`` / ``ckpt*``. The unit reported is what ``certify`` takes:
@@ -17,12 +20,15 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 SUFFIXES = (".pt", ".pth", ".safetensors", ".distcp")
 _DIR = re.compile(r"^(checkpoints?|ckpts?)([-_.].*)?$", re.I)
 _STEP_DIR = re.compile(r"(?:global_step|step|iter|iteration|ckpt|checkpoint|epoch)[-_]?\d+", re.I)
 MAX_ENTRIES = 2000  # per scan, over every folder looked at: a huge folder is looked at in part
+# the options whose folder holds checkpoints: Megatron --save/--load, TorchTitan --job.dump_folder /
+# --checkpoint.folder, HF --output_dir, --resume-from, and the --checkpoint-dir / --ckpt_path kind
+_ARG = re.compile(r"ckpt|checkpoint|save|output|out[-_]?dir|dump|resume|load", re.I)
 
 
 def is_checkpoint_file(path: str) -> bool:
@@ -40,6 +46,28 @@ def unit_of(path: str) -> str:
     return path
 
 
+def arg_dirs(argv: Sequence[str], cwd: str) -> list[str]:
+    """The existing folders a rank's command line names for checkpoints: the value of an option
+    like ``--save`` / ``--checkpoint-dir`` (``--opt DIR`` or ``--opt=DIR``, relative to ``cwd``), or
+    any argument that is a folder named like ``checkpoint*`` / ``ckpt*``."""
+    out: list[str] = []
+    prev = ""
+    for a in argv:
+        key, value = prev, a
+        if a.startswith("-") and "=" in a:
+            key, value = a.split("=", 1)
+        elif a.startswith("-"):
+            prev = a
+            continue
+        prev = ""
+        if not value or not (key.startswith("-") and _ARG.search(key) or _DIR.match(os.path.basename(value.rstrip("/")))):
+            continue
+        d = os.path.normpath(os.path.join(cwd, value))
+        if d != "/" and os.path.isdir(d) and d not in out:
+            out.append(d)
+    return out
+
+
 class CheckpointSpy:
     def __init__(self, pids: Iterable[int], since: float) -> None:
         self.pids = list(pids)
@@ -47,12 +75,18 @@ class CheckpointSpy:
         self.dirs: set[str] = set()  # folders the ranks were seen writing checkpoints in
         self.seen: dict[str, float] = {}  # unit -> newest mtime seen
         self.cwds: set[str] = set()
+        self.named: dict[int, list[str]] = {}  # pid -> the folders its command line names (arg_dirs)
 
     def _open_files(self) -> list[str]:
         out = []
         for pid in self.pids:
             try:
-                self.cwds.add(os.readlink(f"/proc/{pid}/cwd"))
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+                self.cwds.add(cwd)
+                if pid not in self.named:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+                    self.named[pid] = arg_dirs(argv, cwd)
                 fds = os.listdir(f"/proc/{pid}/fd")
             except OSError:
                 continue
@@ -69,7 +103,8 @@ class CheckpointSpy:
         out: list[str] = []
         budget = [MAX_ENTRIES]
 
-        def look(d: str, depth: int) -> None:
+        def look(d: str, depth: int, free: bool) -> None:
+            # free: below a folder the command line names, every subfolder is looked into
             try:
                 it = os.scandir(d)
             except OSError:
@@ -84,13 +119,14 @@ class CheckpointSpy:
                             if is_checkpoint_file(e.path):
                                 out.append(e.path)
                         elif depth > 0 and e.is_dir(follow_symlinks=False) and not e.name.startswith("."):
-                            if _DIR.match(e.name) or _STEP_DIR.search(e.name) or d in self.dirs:
-                                look(e.path, depth - 1)
+                            if free or _DIR.match(e.name) or _STEP_DIR.search(e.name) or d in self.dirs:
+                                look(e.path, depth - 1, free)
                     except OSError:
                         continue
 
-        for d in sorted(self.cwds | self.dirs):
-            look(d, 2)
+        named = {d for ds in self.named.values() for d in ds}
+        for d in sorted(self.cwds | self.dirs | named):
+            look(d, 2, d in named)
         return out
 
     def scan(self, settled: float | None = None) -> list[tuple[str, float]]:
