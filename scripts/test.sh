@@ -14,7 +14,7 @@ PY="${PY:-.venv/bin/python}"
 export SCOUT_SYS_STRICT_SKIPS=1
 JOBS="${SCOUT_SYS_TEST_JOBS:-2}"
 
-"$PY" -m pytest -n "$JOBS" --dist loadgroup -m "not serial" --durations=25 "$@"
+"$PY" -m pytest -n "$JOBS" --dist loadgroup -m "not serial" --durations=60 "$@"
 parallel=$?
 "$PY" -m pytest -p no:xdist -m serial --durations=10 "$@"
 serial=$?
