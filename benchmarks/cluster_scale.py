@@ -35,6 +35,7 @@ from scout_sys.cluster.agent import Agent  # noqa: E402
 from scout_sys.cluster.merge import ANSWERED, AgentState, decide, merge_job  # noqa: E402
 from scout_sys.consensus import hang  # noqa: E402
 from scout_sys.model import Activity, Job, ProcSample, Rank, StackSample  # noqa: E402
+from scout_sys.model_job import WIRE, job_to_json  # noqa: E402
 
 HUNG_AGENT = 37  # of 64 (fewer agents: the last one)
 
@@ -74,7 +75,7 @@ class SimAgent(Agent):
         hung = self.job.ranks[3].rank if self.node == min(HUNG_AGENT, self.nnodes - 1) else None
         obs = [o for o in observations(self.job.ranks[-1].rank + 1, idle=hung) if o.rank in self.job.by_rank()]
         acts = hang.activities(self.job, obs)
-        return {"node": self.node, "host": self.name, "window": [t0, self.clock()], "job": wire.job_to_json(self.job),
+        return {"node": self.node, "host": self.name, "window": [t0, self.clock()], "job": job_to_json(self.job, WIRE),
                 "acts": wire.activities_to_json(acts.values()), "records": [], "probes": {}}
 
     def _connect(self) -> None:
@@ -204,7 +205,7 @@ def synthetic(sizes: list[int], per: int) -> bool:
                       world_size=n, launcher="sim", launcher_pid=None, host=f"h{k}")
             acts = [replace(idle if r == n // 3 else wait, rank=r, pid=1000 + r) for r in ranks]
             key = wire.answer_key(1, k)
-            raws[key] = wire.seal(token, key, nonce, {"node": k, "host": f"h{k}", "job": wire.job_to_json(job),
+            raws[key] = wire.seal(token, key, nonce, {"node": k, "host": f"h{k}", "job": job_to_json(job, WIRE),
                                                       "window": [T0, T0 + 2], "acts": wire.activities_to_json(acts),
                                                       "records": [], "probes": {}, "id": 1})
             sim = SimAgent(("127.0.0.1", 1), nnodes=n // per, node_rank=k, token=token, host_name=f"h{k}", per=per)

@@ -269,13 +269,14 @@ def with_layout(job: Job, topology: str | None = None) -> Job:
     if job.launcher_pid:
         pids.append(job.launcher_pid)
     cmdlines = (topo.read_cmdline(p) for p in ([] if topology else pids))
-    groups, coords, source = topo.peer_groups_for(job, topology, cmdlines)
-    if not groups:
+    found = topo.find_layout(job.world_size, topology, cmdlines)
+    if found is None:
         return job
-    ranks = tuple(replace(r, coords=tuple(coords.get(r.rank, {}).items())) for r in job.ranks)
-    note = f"peer groups from {source}: " + "; ".join(
-        "(" + ",".join(map(str, g)) + ")" for g in groups[:8]) + (" ..." if len(groups) > 8 else "")
-    return replace(job, ranks=ranks, peer_groups=groups, layout=source, notes=job.notes + (note,))
+    lay, groups = found.layout, found.layout.groups()
+    ranks = tuple(replace(r, coords=tuple(lay.coords(r.rank).items()) if 0 <= r.rank < lay.world_size else ())
+                  for r in job.ranks)
+    return replace(job, ranks=ranks, peer_groups=groups, layout=found.text, layout_source=found.source,
+                   layout_from=found.where, notes=job.notes + (topo.note(found.text, groups),))
 
 
 def find_job(selector: str, topology: str | None = None) -> Job:

@@ -1,7 +1,8 @@
 """The plain data types that cross rooms, and their JSON form.
 
 Nothing else in scout-sys defines a wire format: ``diagnose --json``, ``watch --json``, saved reports
-and the dashboard all serialise these records (schema ``scout-sys/diagnosis/v1``).
+and the dashboard all serialise these records (schema ``scout-sys/diagnosis/v1``), and the Job has one
+codec for the report and for what agents send (``model_job.py``).
 
 Every record is frozen: consensus is a pure function of them.
 """
@@ -10,11 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
-from types import MappingProxyType
 from typing import Any, Union
 
-# The vocabulary is split in three modules to keep each readable; this one re-exports the others
+# The vocabulary is split in four modules to keep each readable; this one re-exports the others
 # (``X as X``) so that ``from scout_sys.model import X`` names any record.
 from scout_sys.model_activity import (
     STATES as STATES,
@@ -27,6 +26,19 @@ from scout_sys.model_activity import (
 )
 from scout_sys.model_activity import (
     RankView as RankView,
+)
+from scout_sys.model_job import (
+    REPORT,
+    job_to_json,
+)
+from scout_sys.model_job import (
+    Job as Job,
+)
+from scout_sys.model_job import (
+    LayoutSource as LayoutSource,
+)
+from scout_sys.model_job import (
+    Rank as Rank,
 )
 from scout_sys.model_records import (
     CollectiveSample as CollectiveSample,
@@ -79,86 +91,6 @@ INCONCLUSIVE = "inconclusive"
 # The signals by which a rank is seen progressing (watch/progress.py), named in incidents' "trigger"
 # and carried by heartbeats (cluster/heartbeat.py): here, where both read them.
 COLLECTIVES, MAIN_THREAD, STACK = "collectives", "main thread", "stack"
-
-
-# --------------------------------------------------------------------------- the job
-
-
-@dataclass(frozen=True)
-class Rank:
-    """One rank process of the job, as found on this host."""
-
-    rank: int
-    pid: int
-    host: str
-    local_rank: int | None = None
-    world_size: int | None = None
-    group_rank: int | None = None
-    device: str = "cpu"
-    run_id: str | None = None
-    name: str = ""  # process name, untrusted text
-    coords: tuple[tuple[str, int], ...] = ()  # place in the parallel layout, e.g. (("dp", 1), ("pp", 0))
-    container_pid: int | None = None  # its pid inside its own PID namespace (a container); ``pid`` is the host's
-
-    def pid_text(self) -> str:
-        """``1234``, or ``1234 (container pid 7)`` for a rank in its own PID namespace."""
-        return f"{self.pid} (container pid {self.container_pid})" if self.container_pid is not None else str(self.pid)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "rank": self.rank,
-            "pid": self.pid,
-            "host": self.host,
-            "local_rank": self.local_rank,
-            "device": self.device,
-        }
-        if self.container_pid is not None:
-            out["container_pid"] = self.container_pid
-        if self.coords:
-            out["coords"] = dict(self.coords)
-        return out
-
-
-@dataclass(frozen=True)
-class Job:
-    """What the selector found: the rank processes and which of them are equivalent peers."""
-
-    ranks: tuple[Rank, ...]
-    world_size: int
-    launcher: str  # "torchrun", "shell", "explicit", ... (for people)
-    launcher_pid: int | None
-    host: str
-    # Global ranks expected on this host but not found (exited before we looked).
-    missing: tuple[int, ...] = ()
-    # Equivalent peer groups (global ranks). Default: every rank is a replica of every other.
-    peer_groups: tuple[tuple[int, ...], ...] = ()
-    notes: tuple[str, ...] = ()
-    layout: str = ""  # where peer_groups came from (scout_sys.topology); "" when unknown
-    # Global ranks that run on other hosts: not observed here, never judged here.
-    remote: tuple[int, ...] = ()
-    # Hosts of ranks in ``missing`` when they are not ``host`` (a whole-job view merged from agents).
-    missing_hosts: tuple[tuple[int, str], ...] = ()
-
-    def by_rank(self) -> Mapping[int, Rank]:
-        return self._index
-
-    @cached_property
-    def _index(self) -> Mapping[int, Rank]:
-        # built once per Job (it is frozen): host_of / by_rank are called per rank by consensus
-        return MappingProxyType({r.rank: r for r in self.ranks})
-
-    def groups(self) -> tuple[tuple[int, ...], ...]:
-        if self.peer_groups:
-            return self.peer_groups
-        return (tuple(sorted({r.rank for r in self.ranks} | set(self.missing))),)
-
-    def host_of(self, rank: int) -> str:
-        r = self.by_rank().get(rank)
-        return r.host if r else self._missing_hosts.get(rank, self.host)
-
-    @cached_property
-    def _missing_hosts(self) -> Mapping[int, str]:
-        return MappingProxyType(dict(self.missing_hosts))
 
 
 # --------------------------------------------------------------------------- observations
@@ -337,10 +269,12 @@ class Diagnosis:
         return not self.incidents
 
     def to_json(self) -> dict[str, Any]:
-        ranks = []
-        for r in sorted(self.job.ranks, key=lambda r: r.rank):
-            d = r.to_json()
-            v = self.views.get(r.rank)
+        job = job_to_json(self.job, REPORT)
+        for d in job["ranks"]:
+            if d["pid"] is None:  # exited before it was seen (Job.missing)
+                d["state"] = "exited"
+                continue
+            v = self.views.get(d["rank"])
             d["state"] = v.state if v else "unknown"
             if v:
                 d["where"] = v.where
@@ -348,23 +282,10 @@ class Diagnosis:
                     d["collective"] = v.collective
                 if v.cpu_percent is not None:  # the CPU% column of the text output
                     d["cpu_percent"] = round(v.cpu_percent, 1)
-            ranks.append(d)
-        for m in self.job.missing:
-            ranks.append({"rank": m, "pid": None, "host": self.job.host_of(m), "local_rank": None,
-                          "state": "exited"})
-        ranks.sort(key=lambda d: d["rank"])
         return {
             "schema": SCHEMA,
             "time": round(self.time, 3),
-            "job": {
-                "world_size": self.job.world_size,
-                "launcher": self.job.launcher,
-                "launcher_pid": self.job.launcher_pid,
-                "ranks": ranks,
-                **({"not_observed": list(self.job.remote)} if self.job.remote else {}),
-                **({"layout": self.job.layout, "peer_groups": [list(g) for g in self.job.peer_groups]}
-                   if self.job.peer_groups else {}),
-            },
+            "job": job,
             "status": "healthy" if self.healthy else "incident",
             "incidents": [i.to_json() for i in self.incidents],
             "probes": {k: ("on" if v is None else f"off: {v}") for k, v in self.probes.items()},

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scout_sys.model_activity import RankView
+from scout_sys.model_job import REPORT, job_from_json
 
 if TYPE_CHECKING:  # model re-exports this module at its end: its records are imported where used
     from scout_sys.model import Diagnosis, Incident, Job
@@ -88,30 +89,19 @@ class Snapshot:
     def from_report(cls, doc: Mapping[str, Any]) -> Snapshot:
         """A Snapshot from a saved report (``scout-sys/diagnosis/v1``, with or without ``"watch"``).
         Raises ValueError when ``doc`` is not one."""
-        from scout_sys.model import SCHEMA, Incident, Job, Rank
+        from scout_sys.model import SCHEMA, Incident
 
         if doc.get("schema") != SCHEMA:
             raise ValueError(f"not a scout-sys report (schema {doc.get('schema')!r}, expected {SCHEMA})")
         j = doc.get("job", {})
         w = doc.get(WATCH_KEY) or {}
-        ranks, missing, views = [], [], {}
+        job = job_from_json(j, REPORT, notes=tuple(doc.get("notes", ())))
+        views = {}
         for r in j.get("ranks", ()):
             n = int(r["rank"])
-            if r.get("pid") is None:
-                missing.append(n)
-            else:
-                ranks.append(Rank(rank=n, pid=int(r["pid"]), host=str(r.get("host", "")),
-                                  local_rank=r.get("local_rank"), world_size=j.get("world_size"),
-                                  device=str(r.get("device", "cpu")), container_pid=r.get("container_pid"),
-                                  coords=tuple((str(k), int(v)) for k, v in (r.get("coords") or {}).items())))
             views[n] = RankView(rank=n, state=str(r.get("state", "unknown")), where=str(r.get("where", "")),
                                 collective=r.get("collective"), cpu_percent=r.get("cpu_percent"),
                                 stack=tuple(w.get("stacks", {}).get(str(n), ())))
-        job = Job(ranks=tuple(ranks), world_size=int(j.get("world_size", len(ranks))),
-                  launcher=str(j.get("launcher", "?")), launcher_pid=j.get("launcher_pid"),
-                  host=ranks[0].host if ranks else "", missing=tuple(missing), notes=tuple(doc.get("notes", ())),
-                  peer_groups=tuple(tuple(int(x) for x in g) for g in j.get("peer_groups", ())),
-                  layout=str(j.get("layout", "")))
         probes = {k: (None if v == "on" else str(v).removeprefix("off: ")) for k, v in doc.get("probes", {}).items()}
         t = float(doc.get("time", 0.0))
 

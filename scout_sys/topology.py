@@ -6,7 +6,7 @@ Two ranks are equivalent peers when every coordinate but ``dp`` is equal: they r
 the same shard of the model, so a strict-majority vote among them is sound. Ranks at different
 pipeline stages or tensor-parallel positions run different code and wait in different collectives.
 
-Sources, in order (:func:`peer_groups_for`): an explicit ``--topology`` string; the launch command
+Sources, in order (:func:`find_layout`): an explicit ``--topology`` string; the launch command
 line and config files of Megatron-Core, DeepSpeed or TorchTitan; else none (consensus then groups
 ranks by the shape of their activity, see ``consensus/groups.py``). Rank orders are documented in
 ``docs/layouts.md``.
@@ -23,8 +23,10 @@ import shlex
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from scout_sys.errors import ScoutError
+from scout_sys.model_job import LayoutSource
 
 DIMS = ("dp", "tp", "pp", "cp", "ep")
 # Rank orders, fastest-varying dimension first (Megatron-Core's notation).
@@ -35,9 +37,6 @@ ORDERS = {
 }
 _ALIASES = {"data": "dp", "tensor": "tp", "model": "tp", "mp": "tp", "pipe": "pp", "pipeline": "pp",
             "context": "cp", "expert": "ep"}
-
-SOURCE_TOPOLOGY = "topology"
-SOURCE_ACTIVITY = "activity"
 
 
 class BadTopology(ScoutError):
@@ -80,9 +79,12 @@ class Layout:
             by.setdefault(self.peer_key(r), []).append(r)
         return tuple(sorted(tuple(g) for g in by.values()))
 
+    def dims(self) -> str:
+        """``dp=2,tp=2``: the sizes, in the order given."""
+        return ",".join(f"{d}={s}" for d, s in self.sizes)
+
     def describe(self) -> str:
-        dims = ",".join(f"{d}={s}" for d, s in self.sizes)
-        return f"{dims} (order {self.order_name}: {'-'.join(self.order)}, fastest first)"
+        return f"{self.dims()} (order {self.order_name}: {'-'.join(self.order)}, fastest first)"
 
 
 def parse(text: str, world_size: int | None = None) -> Layout:
@@ -208,10 +210,22 @@ def _read_config(path: str, cwd: str | None) -> str | None:
         return None
 
 
-def from_cmdline(argv: Sequence[str], world_size: int, cwd: str | None = None) -> tuple[Layout, str] | None:
+class Found(NamedTuple):
+    """A layout and where it came from (a Job's ``layout_source``, ``layout_from`` and ``layout``)."""
+
+    layout: Layout
+    source: LayoutSource  # TOPOLOGY or FRAMEWORK
+    where: str  # short: "--topology dp=2,tp=2", "Megatron-Core command line", "DeepSpeed config ds.json"
+    text: str  # the sentence people read: where, and the grid with its rank order
+
+
+def _framework(lay: Layout, where: str, detail: str = "") -> Found:
+    return Found(lay, LayoutSource.FRAMEWORK, where, f"{where}{detail}: {lay.describe()}")
+
+
+def from_cmdline(argv: Sequence[str], world_size: int, cwd: str | None = None) -> Found | None:
     """A layout from a rank's command line (and the config files it names, relative to ``cwd``):
-    Megatron-Core flags, a DeepSpeed JSON config, a TorchTitan TOML config (+ CLI overrides).
-    Returns (layout, where it came from) or None."""
+    Megatron-Core flags, a DeepSpeed JSON config, a TorchTitan TOML config (+ CLI overrides)."""
     # Megatron-Core
     tp = _int_flag(argv, *_both("--tensor-model-parallel-size"))
     pp = _int_flag(argv, *_both("--pipeline-model-parallel-size"))
@@ -220,8 +234,8 @@ def from_cmdline(argv: Sequence[str], world_size: int, cwd: str | None = None) -
         sizes = [("tp", tp or 1), ("cp", cp or 1), ("pp", pp or 1)]
         lay = _sized(sizes, world_size, "megatron")
         if lay:
-            return lay, "Megatron-Core command line (" + " ".join(
-                f"{d}={s}" for d, s in sizes if s > 1) + "; expert parallelism reuses data-parallel ranks)"
+            return _framework(lay, "Megatron-Core command line", " (" + " ".join(
+                f"{d}={s}" for d, s in sizes if s > 1) + "; expert parallelism reuses data-parallel ranks)")
     # DeepSpeed
     ds_path = _flag(argv, "--deepspeed_config", "--deepspeed-config", "--ds_config", "--ds-config")
     if ds_path:
@@ -240,7 +254,7 @@ def from_cmdline(argv: Sequence[str], world_size: int, cwd: str | None = None) -
                 if tp or pp:
                     lay = _sized([("tp", tp or 1), ("pp", pp or 1)], world_size, "deepspeed")
                     if lay:
-                        return lay, f"DeepSpeed config {ds_path}"
+                        return _framework(lay, f"DeepSpeed config {ds_path}")
     # TorchTitan
     tt_path = _flag(argv, "--job.config_file", "--job.config-file")
     over = {k: _int_flag(argv, f"--parallelism.{k}") for k in
@@ -260,7 +274,7 @@ def from_cmdline(argv: Sequence[str], world_size: int, cwd: str | None = None) -
     if tt_path or any(v is not None for v in over.values()):
         lay = _sized([("tp", tp or 1), ("cp", cp or 1), ("pp", pp or 1)], world_size, "torchtitan")
         if lay:
-            return lay, "TorchTitan " + (f"config {tt_path}" if tt_path else "command line")
+            return _framework(lay, "TorchTitan " + (f"config {tt_path}" if tt_path else "command line"))
     return None
 
 
@@ -299,28 +313,27 @@ def read_cmdline(pid: int) -> tuple[list[str], str | None]:
 # --------------------------------------------------------------------------- the entry point
 
 
-def peer_groups_for(job, topology: str | None = None,
-                    cmdlines: Iterable[tuple[Sequence[str], str | None]] = ()) -> tuple[
-        tuple[tuple[int, ...], ...], dict[int, dict[str, int]], str]:
-    """(peer groups, coordinates per rank, where the layout came from) for a
-    :class:`~scout_sys.model.Job`.
-
-    ``cmdlines``: (argv, cwd) of the job's processes (ranks first, then their launcher); the first
-    that names a framework layout wins. With neither a topology nor a known framework, returns
-    ``((), {}, "activity")``: consensus groups the ranks by the shape of their activity.
-    """
+def find_layout(world_size: int, topology: str | None = None,
+                cmdlines: Iterable[tuple[Sequence[str], str | None]] = ()) -> Found | None:
+    """The layout of a job of ``world_size`` ranks and where it came from: ``topology``
+    (``--topology``), else the first of ``cmdlines`` ((argv, cwd) of the job's processes, ranks first,
+    then their launcher) that names a framework layout. None when neither says anything: consensus
+    groups the ranks by the shape of their activity."""
     if topology:
-        lay = parse(topology, job.world_size)
-        return lay.groups(), {r: lay.coords(r) for r in range(lay.world_size)}, \
-            f"--topology {lay.describe()}"
+        lay = parse(topology, world_size)
+        return Found(lay, LayoutSource.TOPOLOGY, f"--topology {lay.dims()}", f"--topology {lay.describe()}")
     for argv, cwd in cmdlines:
         if len(argv) > 0:
-            found = from_cmdline(list(argv), job.world_size, cwd)
+            found = from_cmdline(list(argv), world_size, cwd)
             if found:
-                lay, where = found
-                return lay.groups(), {r: lay.coords(r) for r in range(lay.world_size)}, \
-                    f"{where}: {lay.describe()}"
-    return (), {}, SOURCE_ACTIVITY
+                return found
+    return None
+
+
+def note(text: str, groups: Sequence[Sequence[int]]) -> str:
+    """The job's note that says its peer groups and where they came from (``text``: the layout sentence)."""
+    return f"peer groups from {text}: " + "; ".join(
+        "(" + ",".join(map(str, g)) + ")" for g in groups[:8]) + (" ..." if len(groups) > 8 else "")
 
 
 def split_cmdline(text: str) -> list[str]:

@@ -13,6 +13,7 @@ from scout_sys.cluster.merge import ANSWERED, AgentState, Answer, decide
 from scout_sys.consensus import hang
 from scout_sys.errors import BadToken
 from scout_sys.model import CollectiveSample, ExitRecord, Fingerprint, Job, Rank
+from scout_sys.model_job import WIRE, job_from_json, job_to_json
 from tests.test_hang_rules import SLEEPING, T0, WAIT_AR, _rank_obs
 
 TOKEN = b"0123456789abcdef0123456789abcdef"
@@ -67,15 +68,15 @@ def test_activities_and_records_round_trip_through_json():
                "acts": [{**x, **{k: wire.activity_to_json(acts[x["rank"]])[k] for k in ("where", "wait") if k in x}}
                         for x in packed["acts"]]}
     assert wire.activities_from_json(earlier) == acts
-    odd = wire.job_to_json(replace(job, ranks=(replace(job.ranks[0], host="elsewhere", coords=(("dp", 1),)),)))
-    assert wire.job_from_json(json.loads(json.dumps(odd))).ranks[0].coords == (("dp", 1),)
-    assert wire.job_from_json(odd).ranks[0].host == "elsewhere" and "host" not in wire.job_to_json(job)["ranks"][0]
+    odd = job_to_json(replace(job, ranks=(replace(job.ranks[0], host="elsewhere", coords=(("dp", 1),)),)), WIRE)
+    assert job_from_json(json.loads(json.dumps(odd)), WIRE).ranks[0].coords == (("dp", 1),)
+    assert job_from_json(odd, WIRE).ranks[0].host == "elsewhere" and "host" not in job_to_json(job, WIRE)["ranks"][0]
     fp = Fingerprint(seq=3, op="allreduce", time=T0, count=10, dtype="float32", redop="sum")
     recs = [CollectiveSample(time=T0, rank=1, pid=1001, backend="gloo", group="gloo:0", seq=3, completed=2,
                              inside=True, last_enter=T0, last_exit=None, last=fp, recent=(fp,)),
             ExitRecord(time=T0, rank=2, pid=1002, exit_code=None, signal=9)]
     assert [wire.record_from_json(json.loads(json.dumps(wire.record_to_json(o)))) for o in recs] == recs
-    assert wire.job_from_json(json.loads(json.dumps(wire.job_to_json(job)))) == job
+    assert job_from_json(json.loads(json.dumps(job_to_json(job, WIRE))), WIRE) == job
 
 
 def _answer(node: int, ranks: range, host: str, idle: int | None = None) -> Answer:

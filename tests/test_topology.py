@@ -74,16 +74,16 @@ def test_world_size_mismatch_is_an_error():
 def test_megatron_command_line():
     argv = topo.split_cmdline("python pretrain_gpt.py --tensor-model-parallel-size 2 "
                               "--pipeline-model-parallel-size=2 --context-parallel-size 1 --micro-batch-size 4")
-    lay, where = topo.from_cmdline(argv, 16)
-    assert "Megatron" in where and lay.sizes == (("dp", 4), ("tp", 2), ("pp", 2))
+    lay, _, where, text = topo.from_cmdline(argv, 16)
+    assert where == "Megatron-Core command line" and text.startswith(where + " (tp=2 pp=2;") and lay.sizes == (("dp", 4), ("tp", 2), ("pp", 2))
     assert lay.order_name == "megatron" and lay.coords(9) == {"dp": 0, "tp": 1, "pp": 1}
 
 
 def test_deepspeed_config_relative_to_cwd(tmp_path):
     (tmp_path / "ds.json").write_text(json.dumps({"tensor_parallel": {"autotp_size": 2},
                                                   "pipeline": {"stages": 2}}))
-    lay, where = topo.from_cmdline(["python", "train.py", "--deepspeed_config", "ds.json"], 8, str(tmp_path))
-    assert "ds.json" in where and lay.order_name == "deepspeed"
+    lay, _, where, _ = topo.from_cmdline(["python", "train.py", "--deepspeed_config", "ds.json"], 8, str(tmp_path))
+    assert where == "DeepSpeed config ds.json" and lay.order_name == "deepspeed"
     assert lay.groups() == ((0, 2), (1, 3), (4, 6), (5, 7))
 
 
@@ -91,15 +91,15 @@ def test_torchtitan_toml_and_overrides(tmp_path):
     (tmp_path / "llama.toml").write_text("[parallelism]\ndata_parallel_shard_degree = -1\n"
                                          "tensor_parallel_degree = 2\npipeline_parallel_degree = 1\n")
     argv = ["python", "-m", "torchtitan.train", "--job.config_file", "llama.toml"]
-    lay, _ = topo.from_cmdline(argv, 8, str(tmp_path))
+    lay = topo.from_cmdline(argv, 8, str(tmp_path)).layout
     assert lay.sizes == (("dp", 4), ("tp", 2))
-    lay, _ = topo.from_cmdline([*argv, "--parallelism.pipeline_parallel_degree", "2"], 8, str(tmp_path))
+    lay = topo.from_cmdline([*argv, "--parallelism.pipeline_parallel_degree", "2"], 8, str(tmp_path)).layout
     assert lay.sizes == (("dp", 2), ("tp", 2), ("pp", 2)) and lay.coords(5) == {"dp": 0, "tp": 1, "pp": 1}
 
 
 def test_nothing_known_is_activity():
     assert topo.from_cmdline(["python", "train.py", "--lr", "1"], 4) is None
-    assert topo.peer_groups_for(_job(4), None, [(["python", "train.py"], None)]) == ((), {}, "activity")
+    assert topo.find_layout(4, None, [(["python", "train.py"], None)]) is None
 
 
 def test_with_layout_puts_coordinates_on_ranks():

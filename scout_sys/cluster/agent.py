@@ -31,6 +31,7 @@ from scout_sys.cluster.beat import LocalWatch
 from scout_sys.cluster.store import Store
 from scout_sys.errors import BadToken, ScoutError, StoreUnreachable
 from scout_sys.model import Job, ProcSample
+from scout_sys.model_job import WIRE, job_to_json
 from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.restart import GRACE
 
@@ -280,7 +281,7 @@ class Agent:
         acts = hang.activities(self.job, obs)
         probes = {k: ("not attached within the window" if v == "starting" else v)
                   for k, v in self.monitor.probe_status.items()}
-        return {**base, "window": [t0, t1], "job": wire.job_to_json(self.job),
+        return {**base, "window": [t0, t1], "job": job_to_json(self.job, WIRE),
                 "acts": wire.activities_to_json(acts.values()),
                 "records": [wire.record_to_json(o) for o in wire.shareable(self.local.records())], "probes": probes}
 

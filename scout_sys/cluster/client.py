@@ -23,6 +23,7 @@ from scout_sys.cluster.merge import ANSWERED, AgentState, Answer, decide
 from scout_sys.cluster.store import Store
 from scout_sys.errors import BadToken, ScoutError
 from scout_sys.model import Diagnosis
+from scout_sys.model_job import WIRE, job_from_json
 
 ANSWER_GRACE = 4.0  # seconds beyond the window for agents to notice the request, sample and answer
 
@@ -152,7 +153,7 @@ def answer_from(body: dict[str, Any], node: int) -> Answer:
     acts = wire.activities_from_json(body.get("acts", {}))
     records = tuple(r for r in (wire.record_from_json(d) for d in body.get("records", ())) if r is not None)
     w = body.get("window") or [0.0, 0.0]
-    return Answer(node=node, host=host, job=wire.job_from_json(body["job"]), acts=acts, records=records,
+    return Answer(node=node, host=host, job=job_from_json(body["job"], WIRE), acts=acts, records=records,
                   probes=dict(body.get("probes", {})), window=(float(w[0]), float(w[1])))
 
 

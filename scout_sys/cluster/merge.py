@@ -18,6 +18,7 @@ from typing import Any
 
 from scout_sys.consensus import rules
 from scout_sys.model import Activity, Diagnosis, Job, Observation, Rank
+from scout_sys.model_job import layout_fields
 from scout_sys.text import ranks_text
 
 ANSWERED = "answered"
@@ -57,22 +58,22 @@ def merge_job(answers: Sequence[Answer], world_size: int, source: str) -> Job:
     """One Job over the answering agents' ranks (each with the host its agent reports)."""
     ranks: list[Rank] = []
     missing: list[tuple[int, str]] = []
-    groups: tuple[tuple[int, ...], ...] = ()
-    layout, notes = "", []
+    laid_out: Job | None = None  # the first agent's job with peer groups: its layout is the whole job's
+    notes: list[str] = []
     for a in answers:
         if a.job is None:
             continue
         ranks += a.job.ranks
         missing += [(m, a.host) for m in a.job.missing]
-        if a.job.peer_groups and not groups:
-            groups, layout = a.job.peer_groups, a.job.layout
+        if a.job.peer_groups and laid_out is None:
+            laid_out = a.job
         notes += [f"{a.host}: {n}" for n in a.job.notes]
     hosts = sorted({a.host for a in answers if a.job is not None})
     world = max([world_size, *(a.job.world_size for a in answers if a.job is not None)])
     return Job(ranks=tuple(sorted(ranks, key=lambda r: r.rank)), world_size=world,
                launcher=f"{len(hosts)} agents via {source}", launcher_pid=None,
                host=f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}", missing=tuple(sorted(m for m, _ in missing)),
-               peer_groups=groups, layout=layout, notes=tuple(notes), missing_hosts=tuple(sorted(missing)))
+               notes=tuple(notes), missing_hosts=tuple(sorted(missing)), **layout_fields(laid_out))
 
 
 def _probes(answers: Sequence[Answer]) -> dict[str, str | None]:

@@ -36,6 +36,7 @@ from scout_sys.consensus.kinds import HANG_KINDS
 from scout_sys.errors import ScoutError, StoreUnreachable
 from scout_sys.exporters import feed
 from scout_sys.model import Diagnosis, Event, Evidence, Incident, Job, ProcSample, Rank, RankView, Snapshot
+from scout_sys.model_job import WIRE, job_to_json, layout_fields
 from scout_sys.watch import bundle
 from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.views import Views
@@ -246,8 +247,8 @@ class ClusterSource(ClusterWatcher):
                    world_size=max(ws, d.job.world_size if d is not None else 0, max(ranks, default=-1) + 1),
                    launcher=f"{len(self._src_beats)} agents via {self.store_name}" + (f", {lost} lost" if lost else ""),
                    launcher_pid=None, host=NO_AGENT, missing=missing,
-                   peer_groups=d.job.peer_groups if d is not None else (), layout=d.job.layout if d is not None else "",
-                   remote=tuple(sorted(remote)), missing_hosts=d.job.missing_hosts if d is not None else ())
+                   remote=tuple(sorted(remote)), missing_hosts=d.job.missing_hosts if d is not None else (),
+                   **layout_fields(d.job if d is not None else None))
 
     def _src_agents(self) -> list[dict[str, Any]]:
         out = []
@@ -277,7 +278,7 @@ def save_bundle(state_dir: str, inc: Incident, d: Diagnosis | None, cluster: Map
     for n, a in sorted(answers.items()):
         bundle.write_json(os.path.join(path, f"agent-{n}.json"), {
             "node": n, "host": a.host, "error": a.error, "window": list(a.window), "probes": dict(a.probes),
-            "notes": list(a.notes), "job": wire.job_to_json(a.job) if a.job is not None else None,
+            "notes": list(a.notes), "job": job_to_json(a.job, WIRE) if a.job is not None else None,
             "ranks": {str(r): wire.activity_to_json(act) for r, act in sorted(a.acts.items())},
             "records": [wire.record_to_json(o) for o in a.records]})
     bundle.write_json(os.path.join(path, "heartbeats.json"),

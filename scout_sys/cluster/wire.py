@@ -1,4 +1,5 @@
-"""What crosses hosts: store keys, the authenticated envelope, and the JSON of activities and records.
+"""What crosses hosts: store keys, the authenticated envelope, and the JSON of activities and records
+(the Job's is :func:`scout_sys.model_job.job_to_json`, profile ``WIRE``).
 
 Every value in the store is an envelope ``{"n": nonce, "b": body, "m": mac}``: ``body`` is compact
 JSON text, ``mac`` is HMAC-SHA256 with the shared token over the protocol version, the store key, the
@@ -28,12 +29,11 @@ from scout_sys.model import (
     DeviceSample,
     ExitRecord,
     Fingerprint,
-    Job,
     Observation,
     OomRecord,
-    Rank,
     SignalRecord,
 )
+from scout_sys.model_job import built
 
 PROTO = "scout-sys/cluster/v1"
 PREFIX = "scout-sys/v1/"
@@ -128,23 +128,10 @@ def activity_to_json(a: Activity) -> dict[str, Any]:
 
 
 _ACTIVITY_DEFAULTS = {name: default for name, default in _ACTIVITY_FIELDS if default is not MISSING}
-_RANK_FIELDS = tuple((f.name, f.default) for f in fields(Rank))
-_RANK_NAMES = frozenset(name for name, _ in _RANK_FIELDS)
-_RANK_DEFAULTS = {name: default for name, default in _RANK_FIELDS if default is not MISSING}
-
-
-def _built(cls: type, defaults: Mapping[str, Any], kw: Mapping[str, Any]) -> Any:
-    """An instance of the frozen dataclass ``cls`` (no ``__post_init__``) from decoded fields, every
-    required one present. Built without its ``__init__`` (a guarded ``object.__setattr__`` per field),
-    which was most of the cost of decoding 64k ranks' answers; the result is the same value."""
-    a = object.__new__(cls)
-    a.__dict__.update(defaults)
-    a.__dict__.update(kw)
-    return a
 
 
 def _activity(kw: dict[str, Any]) -> Activity:
-    return _built(Activity, _ACTIVITY_DEFAULTS, kw)
+    return built(Activity, _ACTIVITY_DEFAULTS, kw)
 
 
 def _wait(w: Mapping[str, Any], cache: dict[tuple, CollectiveWait]) -> CollectiveWait:
@@ -257,36 +244,3 @@ def shareable(obs: Iterable[Observation]) -> list[Observation]:
         if key not in latest or o.time >= latest[key].time:
             latest[key] = o
     return [*latest.values(), *events]
-
-
-def job_to_json(job: Job) -> dict[str, Any]:
-    """The job as one agent found it. A rank's fields at their default, and its host when it is the
-    job's, are left out."""
-    ranks = []
-    for r in job.ranks:
-        d: dict[str, Any] = {}
-        for name, default in _RANK_FIELDS:
-            v = getattr(r, name)
-            if v == default or (name == "host" and v == job.host):
-                continue
-            d[name] = [list(c) for c in v] if name == "coords" else v
-        ranks.append(d)
-    return {"ranks": ranks, "world_size": job.world_size, "launcher": job.launcher, "launcher_pid": job.launcher_pid,
-            "host": job.host, "missing": list(job.missing), "peer_groups": [list(g) for g in job.peer_groups],
-            "layout": job.layout, "notes": list(job.notes)}
-
-
-def job_from_json(d: Mapping[str, Any]) -> Job:
-    host = str(d.get("host", ""))
-    ranks = []
-    for r in d.get("ranks", ()):
-        kw = {"host": host, **{k: v for k, v in r.items() if k in _RANK_NAMES}}
-        kw["rank"], kw["pid"] = int(kw["rank"]), int(kw["pid"])
-        if "coords" in kw:
-            kw["coords"] = tuple((str(k), int(v)) for k, v in kw["coords"])
-        ranks.append(_built(Rank, _RANK_DEFAULTS, kw))
-    return Job(ranks=tuple(ranks), world_size=int(d.get("world_size", len(ranks))), launcher=str(d.get("launcher", "?")),
-               launcher_pid=d.get("launcher_pid"), host=host,
-               missing=tuple(int(m) for m in d.get("missing", ())),
-               peer_groups=tuple(tuple(int(x) for x in g) for g in d.get("peer_groups", ())),
-               layout=str(d.get("layout", "")), notes=tuple(d.get("notes", ())))

@@ -83,6 +83,7 @@ def across(job: Job, groups: Sequence[Sequence[int]], found: Sequence[tuple[Sequ
     notes: list[str] = []
     group_of = {r: gt for gt in map(tuple, groups) for r in gt}
     coords = coords_of(job)
+    guessed = not job.peer_groups  # the groups are by_activity's (consensus/hang.py), not the job's
     if len(groups) > 1:
         if not any(i.status == ATTRIBUTED for i in incidents):
             # 1. job-wide vote: waiting ranks of every group are witnesses alike.
@@ -109,7 +110,7 @@ def across(job: Job, groups: Sequence[Sequence[int]], found: Sequence[tuple[Sequ
                 # Peer groups from the shape of activity are a guess: a rank waiting in another collective
                 # than the others of its guessed group may be the stuck origin's tensor-parallel partner.
                 in_other = (not any(group_of.get(r) in origin_groups for r in i.ranks) or not i.ranks
-                            or layout == ACTIVITY_SOURCE)
+                            or guessed)
                 common = i.kind == HANG and i.status == INCONCLUSIVE
                 waiting_desync = (stuck and in_other and i.kind == DESYNC and i.status == ATTRIBUTED and i.ranks
                                   and all(acts.get(r) is not None and acts[r].state == "waiting" for r in i.ranks))

@@ -36,16 +36,17 @@ from dataclasses import replace
 from functools import lru_cache
 
 from scout_sys.consensus.waitresolve import latest_groups, learned_from
-from scout_sys.model import Job, Observation
-from scout_sys.topology import Layout
+from scout_sys.model import Job, LayoutSource, Observation
+from scout_sys.model_job import LEARNED_FROM
+from scout_sys.topology import Layout, note
 
-LEARNED = "process groups learned from"  # + what learned them (consensus/waitresolve.learned_from)
+LEARNED = LEARNED_FROM  # + what learned them (consensus/waitresolve.learned_from): the layout's ``layout_from``
 _NAMES = {2: ("tp", "dp"), 3: ("tp", "dp", "pp")}
 SAME_WORK = frozenset({"dp", "tp", "cp"})  # coordinates whose ranks do equal work
 
 
 def is_learned(job: Job) -> bool:
-    return job.layout.startswith(LEARNED)
+    return job.layout_source is LayoutSource.LEARNED
 
 
 def _progression(g: Sequence[int]) -> tuple[int, int] | None:
@@ -97,7 +98,7 @@ def with_learned(job: Job, obs: Sequence[Observation]) -> Job:
     """``job`` with its peer groups and coordinates from the newest learned process groups in
     ``obs``, unless the job came with a layout (``--topology`` or a framework's, which win). A job
     whose groups say nothing readable stays as it was (a layout learned before is kept)."""
-    if job.layout and not is_learned(job):
+    if job.layout_source in (LayoutSource.TOPOLOGY, LayoutSource.FRAMEWORK):  # job.with_layout's
         return job
     sample = latest_groups(obs)
     if sample is None or sample.partial:
@@ -108,13 +109,13 @@ def with_learned(job: Job, obs: Sequence[Observation]) -> Job:
     if groups == job.peer_groups and is_learned(job):
         return job
     ranks = tuple(replace(r, coords=tuple(lay.coords(r.rank).items())) for r in job.ranks)
-    dims = ",".join(f"{d}={n}" for d, n in lay.sizes)
-    source = (f"{LEARNED} {learned_from(sample.source)}: {dims} (read with tp fastest, as Megatron-Core, "
-              "DeepSpeed and TorchTitan order ranks)")
-    note = "peer groups from " + source + ": " + "; ".join(
-        "(" + ",".join(map(str, g)) + ")" for g in groups[:8]) + (" ..." if len(groups) > 8 else "")
-    notes = tuple(n for n in job.notes if not n.startswith("peer groups from " + LEARNED)) + (note,)
-    return replace(job, ranks=ranks, peer_groups=groups, layout=source, notes=notes)
+    where = f"{LEARNED} {learned_from(sample.source)}"
+    text = f"{where}: {lay.dims()} (read with tp fastest, as Megatron-Core, DeepSpeed and TorchTitan order ranks)"
+    # the note of the layout learned before (if any) gives way to this one's
+    before = note(job.layout, job.peer_groups) if is_learned(job) else None
+    notes = tuple(n for n in job.notes if n != before) + (note(text, groups),)
+    return replace(job, ranks=ranks, peer_groups=groups, layout=text, layout_source=LayoutSource.LEARNED,
+                   layout_from=where, notes=notes)
 
 
 def work_groups(job: Job) -> tuple[tuple[int, ...], ...]:

@@ -70,8 +70,7 @@ def peers_title(job: Job | None) -> str:
     """The grid's title when laid out by peer group: where the groups came from."""
     if job is None or not job.peer_groups:
         return "ranks by peer group (layout unknown: the whole job)"
-    src = job.layout.split(":", 1)[0].split(" (")[0]
-    return f"ranks by peer group ({src})"
+    return f"ranks by peer group ({job.layout_from})"
 
 
 # --------------------------------------------------------------------------- stacks
