@@ -150,3 +150,16 @@ def test_heartbeat_beats_round_trip_compact_and_read_version_1():
                                                                         (5, 1.0, "main thread", False)]
     assert old.stalls() == [(2, 4.5, "main thread", True), (5, 1.0, "main thread", False)]
     assert heartbeat.decode({"ranks": [{"r": 2, "s": "sleeping"}]}).ranks() == [2]
+
+
+def test_a_heartbeat_says_finishing_when_a_rank_ended_and_is_not_dead():
+    # the agent calls a rank that ended with status 0 not dead (cluster/beat.py): the job may be finishing
+    def beat(*ranks: RankBeat) -> heartbeat.Heartbeat:
+        return heartbeat.decode(json.loads(json.dumps(heartbeat.encode(
+            heartbeat.Heartbeat(node=0, body=heartbeat.encode_ranks(ranks))))))
+    running = RankBeat(rank=0, state="running")
+    assert not beat(running, RankBeat(rank=1, state="sleeping")).finishing()
+    assert beat(running, RankBeat(rank=1, state="gone", dead=False)).finishing()
+    assert not beat(running, RankBeat(rank=1, state="zombie", dead=True)).finishing()  # killed: dead
+    assert not beat(running, RankBeat(rank=1, state="stopped", dead=True)).finishing()
+    assert heartbeat.decode({"ranks": [{"r": 2, "s": "gone"}]}).finishing() is False  # version 1: dead

@@ -28,6 +28,7 @@ MAX_GROUPS = 8  # process groups whose sequence numbers a rank's beat carries
 _SIGNALS = {COLLECTIVES: "c", MAIN_THREAD: "m", STACK: "s"}
 _SIGNAL_OF = {v: k for k, v in _SIGNALS.items()}
 _DEAD_V1 = frozenset({"stopped", "tracing-stop", "zombie", "gone"})
+_ENDED = frozenset({"zombie", "gone"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,14 @@ class Heartbeat:
             return [(int(row[0]), float(row[3]), _SIGNAL_OF.get(row[4], MAIN_THREAD), bool(row[5]))
                     for row in self.body["rows"]]
         return [(b.rank, b.stall, b.signal, b.dead) for b in self.beats]
+
+    def finishing(self) -> bool:
+        """Whether a rank it reports has ended and is not dead: it ended with status 0, as the ranks
+        of a job that finishes do, a moment apart (watch/hang.py ``finishing``)."""
+        if "rows" in self.body:
+            ended = {i for i, st in enumerate(self.body.get("states", ())) if st in _ENDED}
+            return bool(ended) and any(row[2] in ended and not row[5] for row in self.body["rows"])
+        return any(b.state in _ENDED and not b.dead for b in self.beats)
 
     @cached_property
     def beats(self) -> tuple[RankBeat, ...]:

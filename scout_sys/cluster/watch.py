@@ -117,7 +117,7 @@ class ClusterWatcher:
         now = self.clock()
         beats = client.heartbeats()
         events: list[Event | AgentEvent] = list(self._agents(beats, now))
-        self._seen, missing, settling, dead = [], False, False, False
+        self._seen, missing, settling, dead, finishing = [], False, False, False, False
         stalls: list[tuple[float, str]] = []
         n = 0
         for node, (hb, _) in beats.items():
@@ -133,13 +133,14 @@ class ClusterWatcher:
                 dead |= gone
             missing |= bool(hb.missing)
             settling |= hb.settling
+            finishing |= hb.finishing()
             n += len(hb.missing)
         self._ranks = None
         stall, signal = majority_of(stalls, n + len(stalls))
         hang_open = bool(self.book.of_kinds(HANG_KINDS))
         learning = not (missing or settling or self._lost) and all(hb for hb, _ in beats.values())
         d = self.hang.decide(now, stall, signal, decisive=missing or dead,
-                             hang_open=hang_open, learning=learning)
+                             hang_open=hang_open, learning=learning, finishing=finishing)
         if d.confirm:
             self.last, self.cluster = client.diagnose(CONFIRM_WINDOW)
             found = list(self.last.incidents)
