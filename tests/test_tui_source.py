@@ -35,9 +35,12 @@ def _sources(tmp_path: Any) -> dict[str, Any]:
 def test_the_protocol_names_what_the_app_reads() -> None:
     """A member the app starts to read is added to the protocol (and so to every source)."""
     import scout_sys.tui.app as app
+    import scout_sys.tui.commands as commands
 
-    with open(app.__file__) as f:
-        reads = set(re.findall(r"(?:self\.|(?<![.\w]))source\.(\w+)", f.read()))  # not tui.source.X
+    reads: set[str] = set()
+    for mod in (app, commands):  # the app and its commands (d, s, r)
+        with open(mod.__file__) as f:
+            reads |= set(re.findall(r"(?:self\.|(?<![.\w]))source\.(\w+)", f.read()))  # not tui.source.X
     assert reads | {"close"} == set(SOURCE_MEMBERS)  # close: run_dashboard's caller closes its source
 
 

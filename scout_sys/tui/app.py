@@ -28,12 +28,13 @@ from textual.widgets import Footer, Input, Tree
 
 from scout_sys.errors import NoRanks, ScoutError, TargetGone
 from scout_sys.model import Diagnosis, Event, Incident, Snapshot
-from scout_sys.report import printable, render
+from scout_sys.report import printable
 from scout_sys.text import agent_event, compress
 from scout_sys.tui.cells import grid_cells
 from scout_sys.tui.chains import chains_text
+from scout_sys.tui.commands import Commands
 from scout_sys.tui.grid import RankGrid
-from scout_sys.tui.source import Source, check_source, save_report
+from scout_sys.tui.source import Source, check_source
 from scout_sys.tui.state import (
     TIMING_ROWS,
     group_stacks,
@@ -71,21 +72,7 @@ class Polled(Message):
         self.took = took
 
 
-class Diagnosed(Message):
-    def __init__(self, diagnosis: Diagnosis | None, error: BaseException | None) -> None:
-        super().__init__()
-        self.diagnosis = diagnosis
-        self.error = error
-
-
-class Saved(Message):
-    def __init__(self, paths: tuple[str, str] | None, error: BaseException | None) -> None:
-        super().__init__()
-        self.paths = paths
-        self.error = error
-
-
-class ScoutApp(App[int]):
+class ScoutApp(Commands, App[int]):
     CSS_PATH = "scout.tcss"
     TITLE = "scout-sys"
     AUTO_FOCUS = "RankGrid"
@@ -397,64 +384,6 @@ class ScoutApp(App[int]):
         box.remove_class("-visible")
         self.filter_text = ""
         self.query_one(RankGrid).focus()
-
-    def action_replay(self) -> None:
-        """Start a replay round beside the job (its sdc / straggler findings arrive as incidents)."""
-        if not self.source.can_replay:
-            self.notify("replay needs a live job", markup=False)
-        elif self.source.replay_now():
-            self.notify("replay round started: its findings arrive as incidents", markup=False, timeout=5)
-        else:
-            self.notify("a replay round is already running (or replay is off)", markup=False)
-
-    def action_diagnose(self) -> None:
-        if self._diagnosing:
-            self.notify("a diagnosis is already running", markup=False)
-            return
-        self._diagnosing = True
-        self.note = "diagnosing…"
-        self._diagnose()
-
-    @work(thread=True, group="diagnose", exit_on_error=False)
-    def _diagnose(self) -> None:
-        try:
-            with self._lock:
-                d = self.source.diagnose_now(3.0)
-            self.post_message(Diagnosed(d, None))
-        except Exception as e:  # noqa: BLE001 - reported to the person, the dashboard goes on
-            self.post_message(Diagnosed(None, e))
-
-    def on_diagnosed(self, msg: Diagnosed) -> None:
-        self._diagnosing = False
-        self.note = ""
-        if msg.error is not None or msg.diagnosis is None:
-            self.notify(f"diagnose failed: {msg.error}", severity="error", markup=False)
-            return
-        self.last_diagnosis = msg.diagnosis
-        for inc in msg.diagnosis.incidents:
-            self.incidents_seen.add(inc.id or f"{inc.kind}:{inc.ranks}")
-        verdict = "healthy" if msg.diagnosis.healthy else f"{len(msg.diagnosis.incidents)} incident(s)"
-        self.push_screen(TextScreen(f"diagnosis: {verdict}", Text(render(msg.diagnosis))))
-
-    def action_save(self) -> None:
-        if self.snapshot is None:
-            self.notify("nothing to save yet", markup=False)
-            return
-        self._save(self.snapshot)
-
-    @work(thread=True, group="save", exit_on_error=False)
-    def _save(self, snap: Any) -> None:
-        try:
-            self.post_message(Saved(save_report(snap, self.save_dir), None))
-        except (OSError, ScoutError) as e:
-            self.post_message(Saved(None, e))
-
-    def on_saved(self, msg: Saved) -> None:
-        if msg.paths is None:
-            self.notify(f"could not save the report: {msg.error}", severity="error", markup=False)
-            return
-        self.last_saved = msg.paths
-        self.notify(f"report saved: {msg.paths[0]}\n{msg.paths[1]}", markup=False, timeout=8)
 
     async def action_quit(self) -> None:
         self.exit(self.exit_status())
