@@ -76,3 +76,9 @@ def test_strict_majority_is_more_than_half_and_a_tie_is_not():
 
     assert strict_majority(3, 4) and strict_majority(2, 3) and strict_majority(1, 1)
     assert not strict_majority(2, 4) and not strict_majority(0, 0) and not strict_majority(1, 3)
+
+
+def test_majority_size_is_the_fewest_that_are_a_strict_majority():
+    for n in range(1, 64):
+        k = c3.majority_size(n)
+        assert c3.strict_majority(k, n) and not c3.strict_majority(k - 1, n)

@@ -39,6 +39,11 @@ def strict_majority(k: int, n: int) -> bool:
     return 2 * k > n
 
 
+def majority_size(n: int) -> int:
+    """The fewest of ``n`` that are a strict majority."""
+    return n // 2 + 1
+
+
 def vote(signatures: Mapping[int, Hashable]) -> Vote:
     """Strict-majority vote over ``rank -> signature``."""
     n = len(signatures)

@@ -30,6 +30,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from scout_sys.consensus import c3
 from scout_sys.consensus.hang import location_of
 from scout_sys.consensus.patterns import collective_of
 from scout_sys.model import (
@@ -165,7 +166,7 @@ def majority_of(stalls: Iterable[tuple[float, str]], n: int) -> tuple[float, str
     """The (n//2+1)-th longest of the (seconds, signal) ``stalls``: what a strict majority of ``n``
     ranks has reached (ranks without a stall count as progressing). ``watch`` and ``watch --cluster``
     (whose agents send each rank's stall) both compare it with stall-after."""
-    k = n // 2 + 1
+    k = c3.majority_size(n)
     ordered = sorted(stalls, key=lambda s: s[0])
     if len(ordered) < k:
         return 0.0, ""
