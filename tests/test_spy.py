@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from scout_sys.replay.spy import CheckpointSpy, arg_dirs
+from scout_sys.replay.spy import MAX_ENTRIES, CheckpointSpy, arg_dirs
 
 
 def test_arg_dirs_takes_the_checkpoint_options_folders(tmp_path) -> None:
@@ -63,3 +63,39 @@ def test_a_file_still_being_written_waits_for_the_next_scan(rank) -> None:
     (ckpt / "step_1.pt").write_bytes(b"x")
     assert spy.scan(settled=time.time() - 60) == []
     assert [u for u, _ in spy.scan(settled=time.time() + 1)] == [str(ckpt / "step_1.pt")]
+
+
+def test_a_crowded_folder_seen_before_does_not_use_up_the_look_at_the_named_one(rank, tmp_path) -> None:
+    # stop 32's CI: a scratch checkpoint in /tmp made /tmp a folder to look into, and /tmp's thousands
+    # of entries (sorted first) used up the scan's whole budget before the job's own checkpoint folder
+    p, ckpt = rank
+    crowd = tmp_path / "a"  # sorts before "deep/..." as /tmp before /tmp/pytest-of-root/...
+    crowd.mkdir()
+    for i in range(MAX_ENTRIES + 100):
+        (crowd / f"d{i:05}").mkdir()
+    spy = CheckpointSpy([p.pid], since=time.time() - 1)
+    spy.dirs.add(str(crowd))
+    (crowd / "scratch.pt").write_bytes(b"x")  # beside the crowd of folders: files are looked at first
+    (ckpt / "step_40.pt").write_bytes(b"x")
+    assert sorted(u for u, _ in spy.scan()) == [str(crowd / "scratch.pt"), str(ckpt / "step_40.pt")]
+
+
+def test_a_file_seen_open_is_reported_once_closed_wherever_it_is(tmp_path) -> None:
+    # a scratch checkpoint in a folder no listing reaches: seen open (still being written), then closed
+    far = tmp_path / "x" / "y" / "z" / "w"
+    far.mkdir(parents=True)
+    path = far / "scratch.pt"
+    writer = subprocess.Popen([sys.executable, "-c",
+                               f"import time; f = open({str(path)!r}, 'wb'); f.write(b'x'); f.flush(); "
+                               "print('open', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "open\n"
+        spy = CheckpointSpy([writer.pid], since=time.time() - 5)
+        assert spy.scan(settled=time.time() - 60) == []  # being written: not yet
+        spy.dirs.clear()  # as if no listing reached its folder (past a crowded folder's budget)
+        writer.kill()
+        writer.wait()
+        assert [u for u, _ in spy.scan(settled=time.time() + 1)] == [str(path)]
+    finally:
+        writer.kill()
+        writer.wait()

@@ -25,7 +25,9 @@ from collections.abc import Iterable, Sequence
 SUFFIXES = (".pt", ".pth", ".safetensors", ".distcp")
 _DIR = re.compile(r"^(checkpoints?|ckpts?)([-_.].*)?$", re.I)
 _STEP_DIR = re.compile(r"(?:global_step|step|iter|iteration|ckpt|checkpoint|epoch)[-_]?\d+", re.I)
-MAX_ENTRIES = 2000  # per scan, over every folder looked at: a huge folder is looked at in part
+MAX_ENTRIES = 2000  # per scan and root folder, its subfolders included: a huge folder is looked at in part
+MAX_ROOTS = 8  # root folders looked at per scan
+MAX_UNSETTLED = 64  # files still being written, looked at again by name
 # the options whose folder holds checkpoints: Megatron --save/--load, TorchTitan --job.dump_folder /
 # --checkpoint.folder, HF --output_dir, --resume-from, and the --checkpoint-dir / --ckpt_path kind
 _ARG = re.compile(r"ckpt|checkpoint|save|output|out[-_]?dir|dump|resume|load", re.I)
@@ -75,6 +77,7 @@ class CheckpointSpy:
         self.dirs: set[str] = set()  # folders the ranks were seen writing checkpoints in
         self.seen: dict[str, float] = {}  # unit -> newest mtime seen
         self.cwds: set[str] = set()
+        self.unsettled: list[str] = []  # files of units still being written at the last scan
         self.named: dict[int, list[str]] = {}  # pid -> the folders its command line names (arg_dirs)
 
     def _open_files(self) -> list[str]:
@@ -101,39 +104,50 @@ class CheckpointSpy:
 
     def _listed(self) -> list[str]:
         out: list[str] = []
-        budget = [MAX_ENTRIES]
 
-        def look(d: str, depth: int, free: bool) -> None:
-            # free: below a folder the command line names, every subfolder is looked into
+        def look(d: str, depth: int, free: bool, budget: list[int]) -> None:
+            # free: below a folder the command line names, every subfolder is looked into.
+            # A folder's files before its subfolders: a checkpoint beside a crowd of folders is found.
             try:
-                it = os.scandir(d)
+                with os.scandir(d) as it:
+                    entries = []
+                    for e in it:
+                        if budget[0] <= 0:
+                            break
+                        budget[0] -= 1
+                        entries.append(e)
             except OSError:
                 return
-            with it:
-                for e in it:
-                    if budget[0] <= 0:
-                        return
-                    budget[0] -= 1
-                    try:
-                        if e.is_file(follow_symlinks=False):
-                            if is_checkpoint_file(e.path):
-                                out.append(e.path)
-                        elif depth > 0 and e.is_dir(follow_symlinks=False) and not e.name.startswith("."):
-                            if free or _DIR.match(e.name) or _STEP_DIR.search(e.name) or d in self.dirs:
-                                look(e.path, depth - 1, free)
-                    except OSError:
-                        continue
+            below = []
+            for e in entries:
+                try:
+                    if e.is_file(follow_symlinks=False):
+                        if is_checkpoint_file(e.path):
+                            out.append(e.path)
+                    elif depth > 0 and e.is_dir(follow_symlinks=False) and not e.name.startswith("."):
+                        if free or _DIR.match(e.name) or _STEP_DIR.search(e.name) or d in self.dirs:
+                            below.append(e.path)
+                except OSError:
+                    continue
+            for sub in below:
+                look(sub, depth - 1, free, budget)
 
-        named = {d for ds in self.named.values() for d in ds}
-        for d in sorted(self.cwds | self.dirs | named):
-            look(d, 2, d in named)
+        # each root its own budget, the likeliest first: a crowded working directory or /tmp (a
+        # scratch checkpoint seen there) must not use up the look at the folder the job names
+        named = [d for ds in self.named.values() for d in ds]
+        roots = list(dict.fromkeys([*named, *sorted(self.dirs), *sorted(self.cwds)]))[:MAX_ROOTS]
+        for d in roots:
+            look(d, 2, d in named, [MAX_ENTRIES])
         return out
 
     def scan(self, settled: float | None = None) -> list[tuple[str, float]]:
         """Checkpoints written (or rewritten) since the last scan: (unit, its newest mtime), oldest first.
         ``settled``: a unit modified after this time may still be being written: reported next time."""
         found: dict[str, float] = {}
-        for p in self._open_files() + self._listed():
+        files: dict[str, str] = {}  # unit -> a file of it
+        # the files found still being written last time are looked at again by name: a file seen
+        # open, closed by the next scan, is found whatever a listing's budget reaches
+        for p in [*self._open_files(), *self.unsettled, *self._listed()]:
             try:
                 t = os.stat(p).st_mtime
             except OSError:
@@ -143,8 +157,10 @@ class CheckpointSpy:
             u = unit_of(p)
             self.dirs.add(os.path.dirname(u))
             found[u] = max(found.get(u, 0.0), t)
-        new = [(u, t) for u, t in found.items() if t > self.seen.get(u, 0.0)
-               and (settled is None or t <= settled)]
+            files.setdefault(u, p)
+        fresh = {u: t for u, t in found.items() if t > self.seen.get(u, 0.0)}
+        new = [(u, t) for u, t in fresh.items() if settled is None or t <= settled]
+        self.unsettled = [files[u] for u in fresh if u not in dict(new)][:MAX_UNSETTLED]
         for u, t in new:
             self.seen[u] = t
         return sorted(new, key=lambda ut: ut[1])
