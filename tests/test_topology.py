@@ -224,3 +224,27 @@ def test_single_group_semantics_unchanged():
     plain, _, _ = _analyze(_job(4), obs)
     given, _, _ = _analyze(replace(_job(4), peer_groups=((0, 1, 2, 3),)), obs)
     assert [(i.kind, i.ranks) for i in plain] == [(i.kind, i.ranks) for i in given] == [("hang", (2,))]
+
+
+def test_layout_unknown_a_pipeline_neighbour_waiting_for_ranks_that_progress_is_no_hang():
+    # stop 33's CI (test_pipeline_e2e dp2 x tp2 x pp2, a stopped rank just resumed): one rank still
+    # waits in the pipeline's recv for its neighbour while every other rank steps again. Split off as
+    # a pipeline neighbour (no layout known), its group of one "all waits at one place": not a
+    # common-mode hang, since the ranks it waits for progress.
+    moving = [_stack((f"layer{i}", TRAIN, 10 + i), (f"block{i}", TRAIN, 20 + i), ("<module>", TRAIN, 90))
+              for i in range(5)]
+    recv = _stack(("recv", C10D, 2799), ("step", TRAIN, 99), ("<module>", TRAIN, 171))
+    obs = []
+    for r in range(8):
+        obs += _rank_obs(r, stacks=recv) if r == 3 else \
+            _rank_obs(r, stacks=moving, status="running", main_cpu_per_s=0.9, cpu_per_s=0.9)
+    incidents, acts, notes = _analyze(_job(8), obs)
+    assert acts[3].state == "waiting" and all(acts[r].state == "running" for r in range(8) if r != 3)
+    assert incidents == [], incidents
+    assert any("wait in point-to-point calls while nothing is stuck among ranks 0, 1, 2, 4, 5, 6, 7 (7 of them progress)"
+               in n for n in notes), notes
+    # the same neighbour waiting while the others are stuck in the dp all-reduce is still a finding
+    obs = []
+    for r in range(8):
+        obs += _rank_obs(r, stacks=recv if r == 3 else WAIT_AR)
+    assert _analyze(_job(8), obs)[0]

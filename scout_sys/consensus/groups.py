@@ -84,6 +84,9 @@ def across(job: Job, groups: Sequence[Sequence[int]], found: Sequence[tuple[Sequ
     group_of = {r: gt for gt in map(tuple, groups) for r in gt}
     coords = coords_of(job)
     guessed = not job.peer_groups  # the groups are by_activity's (consensus/hang.py), not the job's
+    if guessed and len(groups) > 1:
+        incidents, nts = _not_waiting_for_progress(found, acts, incidents)
+        notes += nts
     if len(groups) > 1:
         if not any(i.status == ATTRIBUTED for i in incidents):
             # 1. job-wide vote: waiting ranks of every group are witnesses alike.
@@ -126,6 +129,24 @@ def across(job: Job, groups: Sequence[Sequence[int]], found: Sequence[tuple[Sequ
             incidents = keep
     several = len({gt for gt in map(tuple, groups) if gt}) > 1  # each group hashed once, not once per rank
     return [_with_coords(i, group_of, layout, coords, several) for i in incidents], notes
+
+
+def _not_waiting_for_progress(found: Sequence[tuple[Sequence[int], list[Incident]]], acts: Mapping[int, Any],
+                              incidents: list[Incident]) -> tuple[list[Incident], list[str]]:
+    """Guessed groups: the pipeline neighbours split off (by_activity) all waiting in point-to-point
+    calls, while nothing is found stuck in the other group, wait for ranks that move on (a stage
+    catching up after a pause; a window taken as the job resumes): no common-mode hang. The job-wide
+    vote (:func:`across`) still names an origin the waits agree on."""
+    quiet = [tuple(g) for g, inc in found if g and not inc]
+    common = [i for i in incidents if i.kind == HANG and i.status == INCONCLUSIVE]
+    if not quiet or not common:
+        return incidents, []
+    waiting = sorted({r for g, inc in found if any(i in common for i in inc) for r in g})
+    running = sorted(r for g in quiet for r in g if r in acts and acts[r].state == "running")
+    return [i for i in incidents if i not in common], [
+        f"ranks {', '.join(map(str, waiting))} wait in point-to-point calls while nothing is stuck among "
+        f"ranks {', '.join(str(r) for g in quiet for r in g)}"
+        + (f" ({len(running)} of them progress)" if running else "") + ": not a common-mode hang"]
 
 
 def _add(i: Incident, e: Evidence) -> Incident:
