@@ -95,3 +95,9 @@ def test_two_jobs_sharing_a_state_dir_judge_only_their_own_checkpoints(start_job
     assert "no job in the replay ledger wrote it" in n["reasons"][0]
     named = status(tmp_path / "nobody" / "step_2.pt", "--job", str(jobs["b"].pid))  # b wrote it, says its user
     assert named["status"] == "certified" and named["job"]["matched"] == "named with --job", named
+    # a's job ends; the same script relaunched in a/, never watched, writes step_3: a's sdc round is
+    # about a's checkpoints, not this one (the ledger last saw a before step_3 was written)
+    jobs["a"].stop()
+    _save(tmp_path / "a" / "step_3.pt")
+    a3 = status(tmp_path / "a" / "step_3.pt")
+    assert (a3["status"], a3["job"]) == ("unverified", None) and not any("sdc" in r for r in a3["reasons"]), a3

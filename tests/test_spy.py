@@ -99,3 +99,34 @@ def test_a_file_seen_open_is_reported_once_closed_wherever_it_is(tmp_path) -> No
     finally:
         writer.kill()
         writer.wait()
+
+
+def test_the_watch_records_which_checkpoints_its_job_wrote_and_until_when_it_ran(rank, tmp_path) -> None:
+    """Coverage on: each checkpoint seen goes to the ledger as the job's (certify matches the file to
+    it exactly), and closing says the job still ran; once the job is gone, it says it had ended."""
+    import socket
+
+    from scout_sys.model import Job, Rank
+    from scout_sys.replay import ledger
+    from scout_sys.replay.live import SETTLE, ReplayPart
+    from scout_sys.replay.writers import jobs_of, writer_of
+
+    p, ckpt = rank
+    job = Job(ranks=(Rank(0, p.pid, socket.gethostname()),), world_size=1, launcher="t", launcher_pid=None,
+              host=socket.gethostname())
+    st = str(tmp_path / "state")
+    part = ReplayPart(job, state_dir=st, started=time.time() - 10, checkpoints=True, load=lambda: 99.0)
+    (ckpt / "step_7.pt").write_bytes(b"x")
+    t = os.stat(ckpt / "step_7.pt").st_mtime
+    time.sleep(SETTLE + 0.2)
+    part.step(time.time(), [])  # the host is "busy": no round starts, the checkpoint is noted
+    part.close()
+    seen, end = ledger.read(st)
+    assert (seen["event"], seen["checkpoint"], seen["time"]) == ("checkpoint", str(ckpt / "step_7.pt"), round(t, 3))
+    assert (end["event"], end["alive"], end["job"]["key"]) == ("seen", True, seen["job"]["key"])
+    writer, how = writer_of(str(ckpt / "step_7.pt"), os.stat(ckpt / "step_7.pt").st_mtime, jobs_of(ledger.read(st)))
+    assert writer is not None and how == "the watch saw its ranks write it"
+    p.kill()
+    p.wait()
+    part.close()
+    assert ledger.read(st)[-1]["alive"] is False

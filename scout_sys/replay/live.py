@@ -92,10 +92,15 @@ class ReplayPart:
         self._last_round: tuple[float, float] = (float("-inf"), 0.0)  # (end, duration) of the last session
         self.events: list[CheckpointEvent] = []  # checkpoint_written events, taken by the watch
         self.skipped = 0
+        self._ident: dict[str, Any] | None = None
 
     def ident(self) -> dict[str, Any]:
-        """The job's identity for the ledger, with the folders it was seen writing checkpoints in."""
-        return ledger.identity(self.job, sorted(self.spy.dirs) if self.spy else ())
+        """The job's identity for the ledger, with the folders it was seen writing checkpoints in
+        (read from /proc once, while the job runs: the same key on every line, its end included)."""
+        if self._ident is None:
+            self._ident = ledger.identity(self.job)
+        dirs = sorted(os.path.abspath(d) for d in self.spy.dirs) if self.spy else []
+        return {**self._ident, "checkpoint_dirs": dirs}
 
     @property
     def running(self) -> bool:
@@ -163,6 +168,7 @@ class ReplayPart:
             wall = time.time()
             for path, t in self.spy.scan(settled=wall - SETTLE):
                 self._pending = (path, t)
+                self._note(ledger.CHECKPOINT, t, seen=round(wall, 3), checkpoint=os.path.abspath(path))
                 self.events.append(CheckpointEvent("checkpoint_written", now, path, t, self._plan()))
         if self._pending is None or self.running or self._done is not None:
             return
@@ -191,12 +197,25 @@ class ReplayPart:
         (consensus/replay.py :func:`~scout_sys.consensus.replay.explain_straggler`)."""
         return replay_rules.explain_straggler(inc, self.recent)
 
+    def _note(self, event: str, t: float, **fields: Any) -> None:
+        """A line of what the watch saw in the ledger (coverage on): which checkpoints the job wrote,
+        and until when it ran, so that certify matches a checkpoint to the job that wrote it."""
+        if self.spy is None or not self.state_dir:
+            return
+        try:
+            ledger.note(self.state_dir, self.ident(), event, t, **fields)
+        except OSError as e:
+            self.last_error = f"cannot write the replay ledger: {e}"
+
     def close(self) -> None:
-        """Stop a running session (its workers are gone when this returns)."""
+        """Stop a running session (its workers are gone when this returns); say in the ledger until
+        when the job was seen, and whether it still runs."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._ident is not None or (self.spy is not None and self.spy.seen):
+            self._note(ledger.SEEN, time.time(), alive=ledger.alive(self.ident()))
 
 
 def _load_per_cpu() -> float:
