@@ -42,6 +42,8 @@ def test_a_job_watched_from_launch_has_its_last_checkpoint_certified(start_job, 
         w.proc.terminate()
         w.proc.wait(timeout=30)
     job.stop()
+    # as it was written, the watch said what certify finds: a clean round of its job since the previous one
+    assert after["coverage"] == "covered", after
     out = scout("certify", after["path"], "--state-dir", str(tmp_path / "state"), "--json", timeout=120)
     cert = json.loads(out.stdout)
     (c,) = cert["checkpoints"]

@@ -127,6 +127,20 @@ def note(state_dir: str, ident: dict[str, Any], event: str, t: float, **fields: 
     return e
 
 
+def result_of(job: Job, res: Sequence[DeviceRound], dv: DigestVerdict) -> tuple[bool, str]:
+    """(complete, result) of one round: ``complete`` when every rank of the job on this host had a
+    device with a result; ``result`` one of CLEAN, SDC, INCONCLUSIVE, INCOMPLETE."""
+    covered = {r for d in res if not d.error for r in d.ranks}
+    complete = not job.missing and covered >= {r.rank for r in job.ranks}
+    if dv.divergent:
+        return complete, SDC
+    if dv.inconclusive:
+        return complete, INCONCLUSIVE
+    if not complete or dv.compared < 2:
+        return complete, INCOMPLETE
+    return complete, CLEAN
+
+
 def entry(job: Job, started: float, ended: float, res: Sequence[DeviceRound], dv: DigestVerdict,
           sv: SlowVerdict, *, ident: dict[str, Any] | None = None, checkpoint: str | None = None,
           uuids: dict[str, str] | None = None) -> dict[str, Any]:
@@ -142,16 +156,7 @@ def entry(job: Job, started: float, ended: float, res: Sequence[DeviceRound], dv
         if d.error:
             item["error"] = d.error
         devices.append(item)
-    covered = {r for d in res if not d.error for r in d.ranks}
-    complete = not job.missing and covered >= {r.rank for r in job.ranks}
-    if dv.divergent:
-        result = SDC
-    elif dv.inconclusive:
-        result = INCONCLUSIVE
-    elif not complete or dv.compared < 2:
-        result = INCOMPLETE
-    else:
-        result = CLEAN
+    complete, result = result_of(job, res, dv)
     ident = dict(ident) if ident is not None else identity(job)
     ident.setdefault("key", job_key(ident))
     return {"time": round(ended, 3), "started": round(started, 3), "host": job.host, "job": ident,
