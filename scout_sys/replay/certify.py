@@ -244,7 +244,7 @@ def _advice(items: Sequence[dict[str, Any]], recommended: str | None) -> tuple[s
         i = unverified[-1]
         pid = (i["job"] or {}).get("launcher_pid")
         if i["job"] is None:
-            return ("no known job wrote it: " + (i["reasons"][-1] if i["reasons"] else "no round covers it"),
+            return ("no job of the replay ledger is known to have written it: see its reason",
                     "while the job runs: sudo scout-sys certify --job PID " + " ".join(x["path"] for x in items)
                     + " (or run a round: sudo scout-sys replay --job PID)")
         return ("no clean replay round of its job covered it",
