@@ -31,7 +31,7 @@ def test_a_job_watched_from_launch_has_its_last_checkpoint_certified(start_job, 
             time.sleep(0.5)
             if ledger.exists():
                 rounds = [json.loads(x) for x in ledger.read_text().splitlines()]
-                covering = next((e for e in rounds if e["result"] == "clean" and e["checkpoint"]), None)
+                covering = next((e for e in rounds if e.get("result") == "clean" and e["checkpoint"]), None)
         assert covering is not None, (w.events, w.stderr())
         written = [e for e in w.events if e["event"] == "checkpoint_written"]
         assert written and written[0]["path"].startswith(str(tmp_path / "checkpoints")), w.events
