@@ -1,9 +1,10 @@
 # scout-sys: everything a fresh Debian/Ubuntu machine needs, as root, idempotently.
-#   make        set up .venv and the eBPF prerequisites
+#   make        set up .venv (the product's dependencies only) and the eBPF prerequisites
 #   make demo   run a 4-rank demo job with one faulty rank and diagnose it
-#   make test   run the test suite (real torchrun jobs, real py-spy, real eBPF as root), two tests at
-#               a time, then the load-sensitive ones alone (scripts/test.sh); an eBPF or real-job test
-#               that skips fails it (SCOUT_SYS_ALLOW_SKIPS=1 allows skips on purpose)
+#   make test   add what only the tests need to .venv (requirements-test.txt, requirements-frameworks.txt,
+#               the doc tools), then run the test suite (real torchrun jobs, real py-spy, real eBPF as
+#               root), two tests at a time, then the load-sensitive ones alone (scripts/test.sh); an eBPF
+#               or real-job test that skips fails it (SCOUT_SYS_ALLOW_SKIPS=1 allows skips on purpose)
 #   make bench  run the benchmarks
 #   make wheel  build dist/scout_sys-VERSION-py3-none-any.whl (pip/pipx install it anywhere)
 #   make install  as root: the wheel into its own venv $(PREFIX) with the product's dependencies only
@@ -14,6 +15,7 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+TSTAMP  := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 PREFIX  ?= /opt/scout-sys
 BINDIR  ?= /usr/local/bin
@@ -21,23 +23,31 @@ EXTRAS  ?= all
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 WHEEL   := dist/scout_sys-$(VERSION)-py3-none-any.whl
 
-.PHONY: all setup system ebpf doctools test demo bench lint clean wheel install
+.PHONY: all setup test-setup system ebpf doctools test demo bench lint clean wheel install
 
 all: setup
 
-setup: $(STAMP) ebpf doctools
+setup: $(STAMP) ebpf
+
+# what only `make test` (and lint, bench) need: the test runner, the linter, the frameworks the tests
+# run real jobs of, and the tools the documentation tests check examples with
+test-setup: setup $(TSTAMP) doctools
 
 # Debian packages the venv itself needs (python3-venv is not there on a bare Debian 12).
 system:
 	@bash scripts/setup-system.sh
 
-# The dev venv: the product's dependencies (requirements.txt), then what only the tests need.
-$(STAMP): requirements.txt requirements-test.txt requirements-frameworks.txt constraints.txt pyproject.toml | system
+# The dev venv: the product's dependencies (requirements.txt: the monitor and its extras, for demo).
+$(STAMP): requirements.txt constraints.txt pyproject.toml | system
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -r requirements.txt
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+# Then, for make test only, what only the tests need.
+$(TSTAMP): $(STAMP) requirements-test.txt requirements-frameworks.txt
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -r requirements-test.txt
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -r requirements-frameworks.txt
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
 # bcc from the distro, kernel headers (linked when the running kernel has none), debugfs;
@@ -62,19 +72,19 @@ install: wheel
 	@echo "scout-sys: installed in $(PREFIX), linked as $(BINDIR)/scout-sys; check it with: sudo scout-sys doctor"
 
 # visudo and promtool: tests/test_docs_examples.py checks the sudoers line and the alert rules the docs show.
-doctools: $(STAMP)
+doctools: $(TSTAMP)
 	@bash scripts/setup-doc-tools.sh $(VENV)
 
-test: setup
+test: test-setup
 	PY=$(BIN)/python bash scripts/test.sh $(PYTEST_ARGS)
 
 demo: setup
 	$(BIN)/scout-sys demo
 
-bench: setup
+bench: test-setup
 	$(BIN)/python benchmarks/run.py
 
-lint: $(STAMP)
+lint: $(TSTAMP)
 	$(BIN)/ruff check scout_sys tests benchmarks
 
 clean:

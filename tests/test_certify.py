@@ -43,20 +43,30 @@ def one(cert: dict) -> dict:
     return c
 
 
-def clean_round(state_dir, result: str = "clean", *, cwd=None, launcher: int = 1, gpus: bool = False) -> None:
+STARTED = round(time.time() - 3600, 2)  # when the tests' jobs started (they are gone: their pids are made up)
+
+
+def ident_of(state_dir, launcher: int = 1, cwd=None) -> dict:
+    """The ledger identity of the made-up job of launcher pid ``launcher``, run in ``cwd``."""
+    return {"launcher_pid": launcher, "launcher_start": STARTED + launcher, "run_id": f"run{launcher}",
+            "host": "h", "world_size": 3, "ranks": [0, 1, 2],
+            "cwd": str(cwd if cwd is not None else os.path.dirname(str(state_dir))), "cmdline": "python train.py",
+            "checkpoint_dirs": []}
+
+
+def clean_round(state_dir, result: str = "clean", *, cwd=None, launcher: int = 1, gpus: bool = False,
+                ago: float = 0.0) -> None:
     """A replay round as the replay runner records it (its own entry function), now, for the job of
     launcher pid ``launcher`` started an hour ago in ``cwd`` (default: the state dir's parent, where
-    the tests write their checkpoints). ``gpus``: its devices are GPUs with UUIDs GPU-<launcher>-<r>."""
+    the tests write their checkpoints). ``gpus``: its devices are GPUs with UUIDs GPU-<r>. ``ago``: the
+    round ended that many seconds ago."""
     j = Job(ranks=tuple(Rank(r, 100 + r, "h") for r in range(3)), world_size=3, launcher="t", launcher_pid=launcher,
             host="h")
     name = (lambda r: f"cuda:{r}") if gpus else (lambda r: f"cpu/rank{r}")
     res = [DeviceRound(name(r), (r,), "cpu torch",
                        {"gemm": KernelResult("x" if (result == "sdc" and r == 2) else "a", 0.1)}) for r in range(3)]
-    now = time.time()
-    ident = {"launcher_pid": launcher, "launcher_start": round(now - 3600, 2), "run_id": f"run{launcher}",
-             "host": "h", "world_size": 3, "ranks": [0, 1, 2],
-             "cwd": str(cwd if cwd is not None else os.path.dirname(str(state_dir))), "cmdline": "python train.py",
-             "checkpoint_dirs": []}
+    now = time.time() - ago
+    ident = ident_of(state_dir, launcher, cwd)
     uuids = {f"cuda:{r}": f"GPU-{r}" for r in range(3)} if gpus else None
     ledger.append(str(state_dir), j, now - 0.01, now, res, rules.vote_digests(res), rules.vote_times(res),
                   ident=ident, uuids=uuids)
@@ -81,7 +91,8 @@ def test_clean_file_without_replay_is_unverified_then_certified_once_a_clean_rou
     assert cert["checkpoints"][1]["job"]["launcher_pid"] == 1
     rc, cert = certify(tmp_path / "step_200.pt", state_dir=tmp_path / "state")
     assert rc == 0 and one(cert)["status"] == "certified"
-    torch.save(state(), tmp_path / "step_300.pt")  # no round of its job since step_200
+    ledger.note(str(tmp_path / "state"), ident_of(tmp_path / "state"), ledger.SEEN, time.time(), alive=True)
+    torch.save(state(), tmp_path / "step_300.pt")  # no round of its job since step_200, which still ran
     rc, cert = certify(tmp_path / "step_300.pt", state_dir=tmp_path / "state")
     assert (rc, one(cert)["status"]) == (1, "unverified")
     assert "no complete clean replay round of its job run1" in one(cert)["reasons"][0]

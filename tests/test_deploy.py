@@ -12,9 +12,11 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -241,12 +243,19 @@ def test_node_watch_loop_waits_and_ends_cleanly_on_sigterm(tmp_path):
     wrapper = Path(_wrapper(tmp_path))
     env = dict(os.environ, PATH=f"{wrapper.parent}:{os.environ['PATH']}",
                SCOUT_SYS_SELECTOR=f"env:SCOUT_NO_JOB_{os.getpid()}")
-    p = subprocess.Popen([str(DEPLOY / "node-watch.sh"), "--no-ebpf", "--no-replay"], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([str(DEPLOY / "node-watch.sh"), "--no-ebpf", "--no-replay", "--prometheus", str(port)],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        line = p.stderr.readline()  # the watch's one status line: waiting, not an error
+        lines = [p.stderr.readline(), p.stderr.readline()]  # the metrics line, then the one status line
+        line = next((x for x in lines if "waiting" in x), lines)
         assert "waiting for the job's ranks" in line and f"SCOUT_NO_JOB_{os.getpid()}" in line, line
         assert p.poll() is None
+        # the DaemonSet's readiness probe: the pod of a node with no job yet is Ready (the monitor is up)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            assert r.status == 200
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=30) == 0
         out, err = p.communicate(timeout=10)

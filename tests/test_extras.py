@@ -62,3 +62,28 @@ def test_certify_of_a_safetensors_file_without_safetensors(tmp_path) -> None:
     p = _cli(tmp_path, "certify", "--state-dir", str(tmp_path / "state"), str(f), hide=("safetensors",))
     assert (p.returncode, p.stderr) == (2, "scout-sys certify needs safetensors: pip install 'scout-sys[replay]'\n"), \
         p.stdout + p.stderr
+
+
+def test_make_installs_the_tests_packages_for_make_test_only(tmp_path) -> None:
+    """`make` (and `make demo`) set up the product's dependencies; the test runner, the linter and the
+    frameworks the tests run jobs of come with `make test` (dry runs of the real Makefile, in a copy)."""
+    import shutil
+
+    for f in ("Makefile", "requirements.txt", "requirements-test.txt", "requirements-frameworks.txt",
+              "constraints.txt", "pyproject.toml"):
+        shutil.copy(ROOT / f, tmp_path / f)
+
+    def dry(*target: str) -> str:
+        p = subprocess.run(["make", "-n", *target], capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                           check=False)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
+    for target in ((), ("demo",), ("install",)):
+        out = dry(*target)
+        assert "-r requirements.txt" in out and "requirements-test.txt" not in out, (target, out)
+        assert "requirements-frameworks.txt" not in out and "setup-doc-tools" not in out, (target, out)
+    out = dry("test")
+    for needed in ("-r requirements.txt", "-r requirements-test.txt", "-r requirements-frameworks.txt",
+                   "setup-doc-tools.sh", "scripts/test.sh"):
+        assert needed in out, (needed, out)

@@ -111,15 +111,14 @@ def test_doctor_finds_the_distro_bcc_by_itself(pkg: Installed) -> None:
 @pytest.mark.ebpf
 @pytest.mark.skipif(ebpf_skip_reason() is not None, reason=f"{ebpf_skip_reason()}")
 def test_watch_and_diagnose_a_real_job(pkg: Installed, start_job, tmp_path: Path) -> None:
-    """The installed monitor (no torch in its venv) on a real torchrun job: watch --headless opens the
-    hang with its origin; diagnose --ebpf compiles and attaches the probes from the wheel's sources."""
+    """The installed monitor (no torch in its venv) on a real torchrun job: watch --headless, at its
+    defaults (eBPF from the distro bcc, replay coverage on), opens the hang with its origin; diagnose --ebpf compiles and attaches the probes from the wheel's sources."""
     job = start_job(3, fault="hang", fault_rank=1, fault_step=20)
     job.wait_steps(2, timeout=120)
-    w = WatchCli(job.pid, "--no-ebpf", "--no-replay", "--stall-after", "5", "--state-dir", str(tmp_path),
-                 scout=[pkg.exe], env=pkg.env)
+    w = WatchCli(job.pid, "--state-dir", str(tmp_path), scout=[pkg.exe], env=pkg.env)  # at its defaults: eBPF, coverage
     try:
         settle(job, job.wait_fault(timeout=120))
-        e = w.wait_event(lambda e: e["event"] == "incident_opened", timeout=60)
+        e = w.wait_event(lambda e: e["event"] == "incident_opened", timeout=120)
         assert w.opened() == [("hang", "attributed", [1])], w.events
     finally:
         w.stop()

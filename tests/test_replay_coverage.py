@@ -5,6 +5,7 @@ checkpoint is ``certified`` by ``certify`` with no flag, from the ledger alone."
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -30,7 +31,7 @@ def test_a_job_watched_from_launch_has_its_last_checkpoint_certified(start_job, 
             time.sleep(0.5)
             if ledger.exists():
                 rounds = [json.loads(x) for x in ledger.read_text().splitlines()]
-                covering = next((e for e in rounds if e["result"] == "clean" and e["checkpoint"]), None)
+                covering = next((e for e in rounds if e.get("result") == "clean" and e["checkpoint"]), None)
         assert covering is not None, (w.events, w.stderr())
         written = [e for e in w.events if e["event"] == "checkpoint_written"]
         assert written and written[0]["path"].startswith(str(tmp_path / "checkpoints")), w.events
@@ -42,6 +43,8 @@ def test_a_job_watched_from_launch_has_its_last_checkpoint_certified(start_job, 
         w.proc.terminate()
         w.proc.wait(timeout=30)
     job.stop()
+    # as it was written, the watch said what certify finds: a clean round of its job since the previous one
+    assert after["coverage"] == "covered", after
     out = scout("certify", after["path"], "--state-dir", str(tmp_path / "state"), "--json", timeout=120)
     cert = json.loads(out.stdout)
     (c,) = cert["checkpoints"]
@@ -95,3 +98,31 @@ def test_two_jobs_sharing_a_state_dir_judge_only_their_own_checkpoints(start_job
     assert "no job in the replay ledger wrote it" in n["reasons"][0]
     named = status(tmp_path / "nobody" / "step_2.pt", "--job", str(jobs["b"].pid))  # b wrote it, says its user
     assert named["status"] == "certified" and named["job"]["matched"] == "named with --job", named
+    # a's job ends; the same script relaunched in a/, never watched, writes step_3: a's sdc round is
+    # about a's checkpoints, not this one (the ledger last saw a before step_3 was written)
+    jobs["a"].stop()
+    _save(tmp_path / "a" / "step_3.pt")
+    a3 = status(tmp_path / "a" / "step_3.pt")
+    assert (a3["status"], a3["job"]) == ("unverified", None) and not any("sdc" in r for r in a3["reasons"]), a3
+
+
+def test_replicas_and_a_dcp_folder_written_by_a_real_ddp_job_are_certified(start_job, tmp_path):
+    """A 3-rank DDP job: a clean replay round of it, then it saves per-rank replicas and a DCP folder
+    (all ranks); certify, with no flag while it runs, certifies both as its own, and names the newest."""
+    job = start_job(3, script=f"{REPO}/tests/jobs/ckpt_job.py",
+                    args=["--go", str(tmp_path / "go"), "--replicas", "replicas", "--dcp", "dcp"],
+                    env={"PYTHONPATH": REPO}, cwd=str(tmp_path))
+    job.wait_steps(2, timeout=120)
+    out = scout("replay", "--job", str(job.pid), "--rounds", "1", "--size", "small", "--state-dir",
+                str(tmp_path / "state"), "--json", timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (tmp_path / "go").touch()
+    step = int(job.wait_for(r"SCOUT-DEMO saved step=(\d+)", 120).group(1))
+    replicas, folder = tmp_path / "replicas" / f"step_{step}", tmp_path / "dcp" / f"step_{step}"
+    assert sorted(os.listdir(replicas)) == ["rank0.pt", "rank1.pt", "rank2.pt"]
+    assert any(n.endswith(".distcp") for n in os.listdir(folder)) and (folder / ".metadata").exists()
+    out = scout("certify", str(replicas), str(folder), "--state-dir", str(tmp_path / "state"), "--json", timeout=120)
+    cert = json.loads(out.stdout)
+    assert (out.returncode, [c["status"] for c in cert["checkpoints"]]) == (0, ["certified"] * 2), cert
+    assert all(c["job"]["launcher_pid"] == job.pid and c["divergent"] == [] for c in cert["checkpoints"]), cert
+    assert cert["recommended"] in (str(replicas), str(folder))

@@ -99,3 +99,70 @@ def test_a_file_seen_open_is_reported_once_closed_wherever_it_is(tmp_path) -> No
     finally:
         writer.kill()
         writer.wait()
+
+
+def test_the_watch_records_which_checkpoints_its_job_wrote_and_until_when_it_ran(rank, tmp_path) -> None:
+    """Coverage on: each checkpoint seen goes to the ledger as the job's (certify matches the file to
+    it exactly), and closing says the job still ran; once the job is gone, it says it had ended."""
+    import socket
+
+    from scout_sys.model import Job, Rank
+    from scout_sys.replay import ledger
+    from scout_sys.replay.live import SETTLE, ReplayPart
+    from scout_sys.replay.writers import jobs_of, writer_of
+
+    p, ckpt = rank
+    job = Job(ranks=(Rank(0, p.pid, socket.gethostname()),), world_size=1, launcher="t", launcher_pid=None,
+              host=socket.gethostname())
+    st = str(tmp_path / "state")
+    part = ReplayPart(job, state_dir=st, started=time.time() - 10, checkpoints=True, load=lambda: 99.0)
+    (ckpt / "step_7.pt").write_bytes(b"x")
+    t = os.stat(ckpt / "step_7.pt").st_mtime
+    time.sleep(SETTLE + 0.2)
+    part.step(time.time(), [])  # the host is "busy": no round starts, the checkpoint is noted
+    part.close()
+    seen, end = ledger.read(st)
+    assert (seen["event"], seen["checkpoint"], seen["time"]) == ("checkpoint", str(ckpt / "step_7.pt"), round(t, 3))
+    assert (end["event"], end["alive"], end["job"]["key"]) == ("seen", True, seen["job"]["key"])
+    writer, how = writer_of(str(ckpt / "step_7.pt"), os.stat(ckpt / "step_7.pt").st_mtime, jobs_of(ledger.read(st)))
+    assert writer is not None and how == "the watch saw its ranks write it"
+    p.kill()
+    p.wait()
+    part.close()
+    assert ledger.read(st)[-1]["alive"] is False
+
+
+def test_each_checkpoint_says_its_coverage_as_it_is_written(rank) -> None:
+    """checkpoint_written carries what the rounds since the previous checkpoint say of it: not covered
+    (no round yet), covered (a clean round after the previous one), sdc (an sdc round in between)."""
+    import socket
+
+    from scout_sys.model import Job, Rank
+    from scout_sys.replay.live import SETTLE, ReplayPart
+    from tests.test_replay_live import result
+
+    p, ckpt = rank
+    job = Job(ranks=(Rank(0, p.pid, socket.gethostname()),), world_size=1, launcher="t", launcher_pid=None,
+              host=socket.gethostname())
+    runs = [result(), result(bad=1), result()]  # after step_1 a clean round, after step_2 an sdc one
+    part = ReplayPart(job, runner=lambda *a, **kw: runs.pop(0), started=0.0, checkpoints=True, load=lambda: 0.0)
+    now = 0.0
+    events = []
+    for step in (1, 2, 3):
+        (ckpt / f"step_{step}.pt").write_bytes(b"x")
+        time.sleep(SETTLE + 0.2)
+        now += 10
+        part.step(now, [])  # the checkpoint is seen; its round starts
+        events += [e.to_json() for e in part.events]
+        part.events.clear()
+        end = time.time() + 10
+        while part.running and time.time() < end:
+            time.sleep(0.01)
+        now += 10
+        part.step(now, [])  # the round's result is taken
+    part.close()
+    assert [(e["path"], e["coverage"], e["replay"]) for e in events] == [
+        (str(ckpt / "step_1.pt"), "not covered", "round started"),
+        (str(ckpt / "step_2.pt"), "covered", "round started"),
+        (str(ckpt / "step_3.pt"), "sdc", "round started")], events
+    assert runs == []

@@ -33,8 +33,9 @@ examples:
 
   sudo scout-sys certify --job 12345 ckpt/step_1000      # name the running job that wrote it
 
-certified: content clean and a complete clean replay round of the job that wrote it (found by its
-working / checkpoint directory in the ledger, or --job) between the previous checkpoint and this one;
+certified: content clean and a complete clean replay round of the job that wrote it (found in the
+ledger: the job a watch saw write it or write in its folder, or whose working directory holds it, while
+that job ran; or --job) between the previous checkpoint and this one;
 rejected: unreadable, truncated, code-carrying pickle (never executed), NaN/Inf, a divergent replica,
 sdc/inconclusive replay of that job in that interval, or an sdc on one of its GPUs (any job, before);
 unverified: clean content, no covering round of its job, or no known job wrote it.

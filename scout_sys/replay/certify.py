@@ -7,8 +7,8 @@ Per checkpoint (a file, a DCP folder, or a folder of per-rank files):
   saving the model) equal tensor by tensor: files outside a strict majority are ``divergent``, two
   replicas that differ have no majority and are rejected together;
 - **coverage** (the replay ledger): a complete clean replay round *of the job that wrote it* (matched
-  by the folders the watch saw it write checkpoints in, its working directory, or ``--job``) between
-  the previous checkpoint (the newest older sibling) and this one; an sdc on a GPU (by UUID) it ran
+  by the files and folders the watch saw it write checkpoints in, its working directory, while it ran,
+  or ``--job``: replay/writers.py) between the previous checkpoint (the newest older sibling) and this one; an sdc on a GPU (by UUID) it ran
   on, in any job's round before, rejects it. Other jobs' rounds never count.
 
 ``certified``: clean content and covered; ``rejected``: bad content, or sdc / inconclusive replay
@@ -29,6 +29,8 @@ from scout_sys.errors import ScoutError
 from scout_sys.extras import require
 from scout_sys.replay import checkpoint as ck
 from scout_sys.replay import ledger
+from scout_sys.replay.writers import clock as _clock
+from scout_sys.replay.writers import describe, jobs_of, writer_of
 from scout_sys.report import printable
 
 SCHEMA = "scout-sys/certificate/v1"
@@ -139,63 +141,6 @@ def _shown(root: str, path: str) -> str:
 # --------------------------------------------------------------------------- coverage
 
 
-def jobs_of(rounds: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The jobs of the ledger by key: their newest identity, their rounds, the GPUs they ran on."""
-    out: dict[str, dict[str, Any]] = {}
-    for e in rounds:
-        ident = e.get("job") or {}
-        key = ident.get("key") or ledger.job_key(ident)
-        j = out.setdefault(key, {"key": key, "ident": ident, "rounds": [], "uuids": set(), "dirs": set(),
-                                 "checkpoints": set()})
-        j["ident"] = ident
-        j["rounds"].append(e)
-        j["uuids"] |= {d["uuid"] for d in e.get("devices", ()) if d.get("uuid")}
-        j["dirs"] |= set(ident.get("checkpoint_dirs") or ())
-        if e.get("checkpoint"):
-            j["checkpoints"].add(e["checkpoint"])
-            j["dirs"].add(os.path.dirname(e["checkpoint"]))
-    return out
-
-
-def _under(path: str, d: str | None) -> bool:
-    if not d:
-        return False
-    d = os.path.abspath(d)
-    return path == d or path.startswith(d.rstrip(os.sep) + os.sep)
-
-
-def writer_of(path: str, t: float, jobs: dict[str, dict[str, Any]]) -> tuple[dict[str, Any] | None, str]:
-    """The known job that wrote ``path`` (written at ``t``) and how we know; (None, why not).
-
-    A job the watch saw writing checkpoints in the file's folder beats one whose working directory
-    holds it; among those, the newest job that started before the file was written."""
-    me = os.path.abspath(path)
-    best: tuple[tuple[int, float], dict[str, Any], str] | None = None
-    for j in jobs.values():
-        ident = j["ident"]
-        start = ident.get("launcher_start") or min(float(e.get("started", e["time"])) for e in j["rounds"])
-        if start > t:
-            continue  # started after the file was written
-        if me in j["checkpoints"] or any(_under(me, d) for d in j["dirs"]):
-            rank, how = 2, "the watch saw its ranks write checkpoints there"
-        elif _under(me, ident.get("cwd")):
-            rank, how = 1, f"it lies under the job's working directory {ident.get('cwd')}"
-        else:
-            continue
-        if best is None or (rank, start) > best[0]:
-            best = ((rank, start), j, how)
-    if best is None:
-        return None, "no job in the replay ledger wrote it (not under a watched job's working or checkpoint " \
-                     "directory): name the job with --job while it runs"
-    return best[1], best[2]
-
-
-def describe(ident: dict[str, Any]) -> str:
-    start = ident.get("launcher_start")
-    return (f"job {ident.get('run_id') or '-'} (launcher pid {ident.get('launcher_pid')}"
-            + (f", started {_clock(start)}" if start else "") + f", host {ident.get('host')})")
-
-
 def _coverage(path: str, job: dict[str, Any] | None, how: str, jobs: dict[str, dict[str, Any]],
               rounds: Sequence[dict[str, Any]]) -> tuple[bool, list[str], dict[str, Any]]:
     t = written_at(path)
@@ -235,10 +180,6 @@ def _coverage(path: str, job: dict[str, Any] | None, how: str, jobs: dict[str, d
     return ok, reasons, {"covered": ok, "rounds": summary, "bad": bool(bad) or gpu_bad}
 
 
-def _clock(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(t)))
-
-
 # --------------------------------------------------------------------------- the certificate
 
 
@@ -254,12 +195,13 @@ def certify(paths: Sequence[str], *, state_dir: str, job: dict[str, Any] | None 
             raise ScoutError(f"{p} does not look like a checkpoint (a torch.save file, .safetensors, a DCP folder "
                              "with .metadata, or a folder of such files)")
     require("scout-sys certify", "replay", ("torch",))  # it reads tensors with torch
-    rounds = ledger.read(state_dir)
-    jobs = jobs_of(rounds)
+    lines = ledger.read(state_dir)
+    rounds = [e for e in lines if "event" not in e]  # the replay rounds; the watch's lines say who wrote what
+    jobs = jobs_of(lines)
     if job is not None:
         key = job.get("key") or ledger.job_key(job)
         named = jobs.get(key) or {"key": key, "ident": job, "rounds": [], "uuids": set(), "dirs": set(),
-                                  "checkpoints": set()}
+                                  "checkpoints": {}}
     out = []
     for p in paths:
         reasons, divergent, nonfinite = _content(p)
@@ -302,7 +244,7 @@ def _advice(items: Sequence[dict[str, Any]], recommended: str | None) -> tuple[s
         i = unverified[-1]
         pid = (i["job"] or {}).get("launcher_pid")
         if i["job"] is None:
-            return ("no known job wrote it: " + (i["reasons"][-1] if i["reasons"] else "no round covers it"),
+            return ("no job of the replay ledger is known to have written it: see its reason",
                     "while the job runs: sudo scout-sys certify --job PID " + " ".join(x["path"] for x in items)
                     + " (or run a round: sudo scout-sys replay --job PID)")
         return ("no clean replay round of its job covered it",

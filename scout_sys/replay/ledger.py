@@ -14,6 +14,15 @@ two checkpoints. A line::
      "complete": <every rank of the job on this host had a device with a result>,
      "result": "clean" | "sdc" | "inconclusive" | "incomplete"}
 
+``watch`` also writes what it saw of the job, lines with an ``event`` (no replay round; certify reads
+them to know which job wrote a checkpoint, and when a job was alive)::
+
+    {"event": "checkpoint", "time": <the checkpoint's mtime>, "seen": <unix s>, "job": {...},
+     "checkpoint": "<a checkpoint its ranks wrote>"}
+    {"event": "seen", "time": <unix s>, "job": {...}, "alive": <whether the job still ran then>}
+
+(``seen`` when the watch stops watching the job: ``alive`` false means the job had ended by then.)
+
 A round is ``clean`` when it is complete and every device agreed bit for bit with at least one peer;
 a slow device does not make a round unclean (slow is not wrong).
 
@@ -27,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +44,7 @@ from scout_sys.consensus.replay import DigestVerdict, SlowVerdict
 from scout_sys.model import DeviceRound, Job
 
 CLEAN, SDC, INCONCLUSIVE, INCOMPLETE = "clean", "sdc", "inconclusive", "incomplete"
+CHECKPOINT, SEEN = "checkpoint", "seen"  # the watch's lines (``event``)
 MAX_BYTES = 4 << 20  # per generation: a shared state dir keeps at most ~2 x this
 
 
@@ -90,7 +101,7 @@ def identity(job: Job, checkpoint_dirs: Sequence[str] = ()) -> dict[str, Any]:
     first = min(job.ranks, key=lambda r: r.rank) if job.ranks else None
     lp = job.launcher_pid or (first.pid if first else None)
     out: dict[str, Any] = {
-        "launcher_pid": job.launcher_pid, "launcher_start": start_time(lp), "run_id": run_id, "host": job.host,
+        "launcher_pid": job.launcher_pid, "pid": lp, "launcher_start": start_time(lp), "run_id": run_id, "host": job.host,
         "world_size": job.world_size, "ranks": sorted(r.rank for r in job.ranks),
         "cwd": _cwd(first.pid) if first else None,
         "cmdline": _cmdline(first.pid) if first else None,
@@ -98,6 +109,36 @@ def identity(job: Job, checkpoint_dirs: Sequence[str] = ()) -> dict[str, Any]:
     }
     out["key"] = job_key(out)
     return out
+
+
+def alive(ident: dict[str, Any]) -> bool:
+    """Whether the job of ``ident`` still runs on this host: its launcher (or first rank) has the
+    same pid and start time (a reused pid starts later)."""
+    pid, start = ident.get("pid", ident.get("launcher_pid")), ident.get("launcher_start")
+    if not pid or start is None or ident.get("host") != socket.gethostname():
+        return False
+    return start_time(int(pid)) == start
+
+
+def note(state_dir: str, ident: dict[str, Any], event: str, t: float, **fields: Any) -> dict[str, Any]:
+    """Append one of the watch's lines (``CHECKPOINT``, ``SEEN``) for the job of ``ident``."""
+    e = {"event": event, "time": round(t, 3), "host": ident.get("host"), "job": ident, **fields}
+    _write(state_dir, e)
+    return e
+
+
+def result_of(job: Job, res: Sequence[DeviceRound], dv: DigestVerdict) -> tuple[bool, str]:
+    """(complete, result) of one round: ``complete`` when every rank of the job on this host had a
+    device with a result; ``result`` one of CLEAN, SDC, INCONCLUSIVE, INCOMPLETE."""
+    covered = {r for d in res if not d.error for r in d.ranks}
+    complete = not job.missing and covered >= {r.rank for r in job.ranks}
+    if dv.divergent:
+        return complete, SDC
+    if dv.inconclusive:
+        return complete, INCONCLUSIVE
+    if not complete or dv.compared < 2:
+        return complete, INCOMPLETE
+    return complete, CLEAN
 
 
 def entry(job: Job, started: float, ended: float, res: Sequence[DeviceRound], dv: DigestVerdict,
@@ -115,16 +156,7 @@ def entry(job: Job, started: float, ended: float, res: Sequence[DeviceRound], dv
         if d.error:
             item["error"] = d.error
         devices.append(item)
-    covered = {r for d in res if not d.error for r in d.ranks}
-    complete = not job.missing and covered >= {r.rank for r in job.ranks}
-    if dv.divergent:
-        result = SDC
-    elif dv.inconclusive:
-        result = INCONCLUSIVE
-    elif not complete or dv.compared < 2:
-        result = INCOMPLETE
-    else:
-        result = CLEAN
+    complete, result = result_of(job, res, dv)
     ident = dict(ident) if ident is not None else identity(job)
     ident.setdefault("key", job_key(ident))
     return {"time": round(ended, 3), "started": round(started, 3), "host": job.host, "job": ident,
@@ -136,12 +168,16 @@ def append(state_dir: str, job: Job, started: float, ended: float, res: Sequence
            dv: DigestVerdict, sv: SlowVerdict, *, ident: dict[str, Any] | None = None,
            checkpoint: str | None = None, uuids: dict[str, str] | None = None) -> dict[str, Any]:
     e = entry(job, started, ended, res, dv, sv, ident=ident, checkpoint=checkpoint, uuids=uuids)
+    _write(state_dir, e)
+    return e
+
+
+def _write(state_dir: str, e: dict[str, Any]) -> None:
     p = path(state_dir)
     os.makedirs(os.path.dirname(p), exist_ok=True)
     _rotate(p)
     with open(p, "a") as f:  # one write of one line: concurrent appenders do not interleave
         f.write(json.dumps(e) + "\n")
-    return e
 
 
 def _rotate(p: str) -> None:
@@ -155,7 +191,8 @@ def _rotate(p: str) -> None:
 
 
 def read(state_dir: str) -> list[dict[str, Any]]:
-    """Every readable round, oldest first; a torn or foreign line is skipped."""
+    """Every readable line (rounds and the watch's ``event`` lines), oldest first; a torn or foreign
+    line is skipped."""
     out = []
     for p in (path(state_dir) + ".1", path(state_dir)):
         try:

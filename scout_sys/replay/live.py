@@ -45,6 +45,15 @@ BUSY_LOAD = 6.0  # 1-minute load average per CPU above which a checkpoint round 
 SPY_EVERY = 2.0  # seconds between two looks for checkpoint files
 SETTLE = 1.0  # a file modified less than this long ago may still be being written
 RECENT = 2 * replay_rules.CONFIRM  # replay rounds kept, over sessions, to explain a straggler by
+# A checkpoint's coverage as it is written, from the rounds of this job since the previous one (what
+# certify will find in the ledger; certify also reads the content and other jobs' sdc on its GPUs).
+COVERED, NOT_COVERED = "covered", "not covered"
+COVERAGE = {
+    COVERED: "covered (a clean replay round since the previous checkpoint; certify checks its content)",
+    NOT_COVERED: "not covered (no clean replay round since the previous checkpoint: unverified)",
+    ledger.SDC: "after an sdc replay round since the previous checkpoint: do not restart from it",
+    ledger.INCONCLUSIVE: "after an inconclusive replay round since the previous checkpoint: rejected",
+}
 
 
 @dataclass(frozen=True)
@@ -56,13 +65,14 @@ class CheckpointEvent:
     path: str
     written: float
     replay: str  # what coverage does about it: "round started", "skipped: ...", "waiting: ..."
+    coverage: str = NOT_COVERED  # what the rounds since the previous checkpoint say of it (COVERAGE)
 
     def to_json(self) -> dict[str, Any]:
         return {"event": self.event, "time": round(self.time, 3), "path": self.path,
-                "written": round(self.written, 3), "replay": self.replay}
+                "written": round(self.written, 3), "coverage": self.coverage, "replay": self.replay}
 
     def text(self) -> str:
-        return f"checkpoint {self.path} written; replay: {self.replay}"
+        return f"checkpoint {self.path} written, {COVERAGE[self.coverage]}; replay: {self.replay}"
 
 
 class ReplayPart:
@@ -92,10 +102,17 @@ class ReplayPart:
         self._last_round: tuple[float, float] = (float("-inf"), 0.0)  # (end, duration) of the last session
         self.events: list[CheckpointEvent] = []  # checkpoint_written events, taken by the watch
         self.skipped = 0
+        self._ident: dict[str, Any] | None = None
+        self._since: list[tuple[float, str]] = []  # (session end, round result) not yet before a checkpoint
+        self._ended_wall = 0.0  # when the last session ended (unix s)
 
     def ident(self) -> dict[str, Any]:
-        """The job's identity for the ledger, with the folders it was seen writing checkpoints in."""
-        return ledger.identity(self.job, sorted(self.spy.dirs) if self.spy else ())
+        """The job's identity for the ledger, with the folders it was seen writing checkpoints in
+        (read from /proc once, while the job runs: the same key on every line, its end included)."""
+        if self._ident is None:
+            self._ident = ledger.identity(self.job)
+        dirs = sorted(os.path.abspath(d) for d in self.spy.dirs) if self.spy else []
+        return {**self._ident, "checkpoint_dirs": dirs}
 
     @property
     def running(self) -> bool:
@@ -117,6 +134,7 @@ class ReplayPart:
             t0 = time.monotonic()
             try:
                 res = self.runner(self.job, n, state_dir=self.state_dir, stop=self._stop, **kw)
+                self._ended_wall = time.time()
                 self._done = (reason, ranks, res, None)
             except ReplayCancelled:
                 self._done = None
@@ -140,6 +158,9 @@ class ReplayPart:
             else:
                 self.last, self.last_error = res, None
                 self.recent.extend(res.rounds)
+                ends = res.ended or (self._ended_wall,) * len(res.rounds)  # the ledger's times
+                self._since += [(end, ledger.result_of(self.job, rnd, dv)[1])
+                                for end, rnd, dv in zip(ends, res.rounds, res.digests, strict=True)]
                 note = Evidence("replay", f"replay round started for: {reason}")
                 out = [replace(i, evidence=i.evidence + (note,)) for i in res.diagnosis.incidents
                        if i.kind in (SDC, STRAGGLER)]
@@ -163,7 +184,8 @@ class ReplayPart:
             wall = time.time()
             for path, t in self.spy.scan(settled=wall - SETTLE):
                 self._pending = (path, t)
-                self.events.append(CheckpointEvent("checkpoint_written", now, path, t, self._plan()))
+                self._note(ledger.CHECKPOINT, t, seen=round(wall, 3), checkpoint=os.path.abspath(path))
+                self.events.append(CheckpointEvent("checkpoint_written", now, path, t, self._plan(), self._coverage_of(t)))
         if self._pending is None or self.running or self._done is not None:
             return
         why = self._plan()
@@ -173,6 +195,16 @@ class ReplayPart:
         elif why.startswith("skipped"):
             self.skipped += 1
             self._pending = None  # said so in its event; the next checkpoint gets the next chance
+
+    def _coverage_of(self, t: float) -> str:
+        """The coverage of a checkpoint written at ``t``, from the rounds that ended after the previous
+        one and before it (then forgotten: they are the previous checkpoint's no more)."""
+        since = [r for end, r in self._since if end <= t]
+        self._since = [(end, r) for end, r in self._since if end > t]
+        for bad in (ledger.SDC, ledger.INCONCLUSIVE):
+            if bad in since:
+                return bad
+        return COVERED if ledger.CLEAN in since else NOT_COVERED
 
     def _plan(self) -> str:
         end, took = self._last_round
@@ -191,12 +223,25 @@ class ReplayPart:
         (consensus/replay.py :func:`~scout_sys.consensus.replay.explain_straggler`)."""
         return replay_rules.explain_straggler(inc, self.recent)
 
+    def _note(self, event: str, t: float, **fields: Any) -> None:
+        """A line of what the watch saw in the ledger (coverage on): which checkpoints the job wrote,
+        and until when it ran, so that certify matches a checkpoint to the job that wrote it."""
+        if self.spy is None or not self.state_dir:
+            return
+        try:
+            ledger.note(self.state_dir, self.ident(), event, t, **fields)
+        except OSError as e:
+            self.last_error = f"cannot write the replay ledger: {e}"
+
     def close(self) -> None:
-        """Stop a running session (its workers are gone when this returns)."""
+        """Stop a running session (its workers are gone when this returns); say in the ledger until
+        when the job was seen, and whether it still runs."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._ident is not None or (self.spy is not None and self.spy.seen):
+            self._note(ledger.SEEN, time.time(), alive=ledger.alive(self.ident()))
 
 
 def _load_per_cpu() -> float:

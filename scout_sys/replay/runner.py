@@ -342,6 +342,7 @@ class ReplayResult:
     rounds: tuple[tuple[DeviceRound, ...], ...]
     digests: tuple[rules.DigestVerdict, ...]
     times: tuple[rules.SlowVerdict, ...]
+    ended: tuple[float, ...] = ()  # when each round ended (clock; the ledger's "time")
 
 
 def run_rounds(job: Job, rounds: int = 2, *, size: str = "default", reps: int = 3, seed: int = 1234,
@@ -360,6 +361,7 @@ def run_rounds(job: Job, rounds: int = 2, *, size: str = "default", reps: int = 
     all_rounds: list[tuple[DeviceRound, ...]] = []
     digests: list[rules.DigestVerdict] = []
     times: list[rules.SlowVerdict] = []
+    ended: list[float] = []
     ws = WorkerSet(job, size=size, reps=reps, seed=seed, checkpoint=checkpoint, stop=stop)
     if state_dir and ident is None:
         from scout_sys.replay.ledger import identity
@@ -370,17 +372,18 @@ def run_rounds(job: Job, rounds: int = 2, *, size: str = "default", reps: int = 
         for n in range(1, rounds + 1):
             started = clock()
             res = tuple(ws.round(n))
+            ended.append(clock())
             all_rounds.append(res)
             digests.append(rules.vote_digests(res))
             times.append(rules.vote_times(res))
             if state_dir:
                 from scout_sys.replay.ledger import append
 
-                append(state_dir, job, started, clock(), res, digests[-1], times[-1], ident=ident,
+                append(state_dir, job, started, ended[-1], res, digests[-1], times[-1], ident=ident,
                        checkpoint=covers, uuids=uuids)
         notes = ws.all_notes()
     return ReplayResult(_diagnose(job, all_rounds, digests, times, t0, clock(), notes),
-                        tuple(all_rounds), tuple(digests), tuple(times))
+                        tuple(all_rounds), tuple(digests), tuple(times), tuple(ended))
 
 
 def run_round(job: Job, **kw: Any) -> ReplayResult:
