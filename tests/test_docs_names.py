@@ -144,3 +144,31 @@ def test_every_event_the_docs_name_is_one_the_code_emits() -> None:
     assert {"incident_opened", "incident_updated", "incident_closed", "checkpoint_written"} <= events
     written = _written_names()
     assert sorted(e for e in events if e not in written) == []
+
+
+# ------------------------------------------------------------------ the glossary, from the first use
+
+# The glossary's terms that are no ordinary English words ("pause" and "window" are, too often to link
+# each first use: tests/test_docs_examples.py checks their links land).
+_TERMS = {"c3": r"C3", "gpu-shape": r"GPU shape", "gloo-shape": r"Gloo shape", "witness": r"witness(?:es)?",
+          "common-mode": r"common[- ]mode", "signature": r"signatures?", "sealed": r"sealed", "origin": r"origins?"}
+
+
+def test_each_glossary_term_is_linked_where_a_page_first_uses_it() -> None:
+    """Outside code, quotes (the tool's own messages), headings and bold (a term's own section), the first use of each term on each
+    page is a link to its glossary entry."""
+    missing = []
+    for p in PAGES:
+        text = re.sub(r"^```.*?^```", "", _text(p), flags=re.M | re.S)
+        text = re.sub(r"`[^`\n]*`|\"[^\"\n]*\"|^#+ .*$|\*\*[^*\[\n]*\*\*", "", text, flags=re.M)
+        if p.name == "how-it-works.md":
+            text = text.split("## Glossary", 1)[0]
+        for anchor, rx in _TERMS.items():
+            m = re.search(rf"(?<![\w#-]){rx}(?![\w-])", text)
+            if m is None:
+                continue
+            link = re.match(r"[^\[\]\n]*\]\(([^)]*)\)", text[m.end():])
+            opened = text.rfind("[", 0, m.start()) > text.rfind("]", 0, m.start())
+            if not (opened and link and link.group(1).endswith(f"#{anchor}")):
+                missing.append((p.name, anchor, text[max(0, m.start() - 40):m.end() + 20]))
+    assert missing == [], missing
