@@ -172,3 +172,19 @@ def test_each_glossary_term_is_linked_where_a_page_first_uses_it() -> None:
             if not (opened and link and link.group(1).endswith(f"#{anchor}")):
                 missing.append((p.name, anchor, text[max(0, m.start() - 40):m.end() + 20]))
     assert missing == [], missing
+
+
+def test_the_runbooks_certify_table_has_a_row_for_each_next_certify_says() -> None:
+    """Each `next:` row of the runbook is a text certify writes, and each text certify writes has a row."""
+    src = _text(SRC / "replay" / "certify.py")
+    body = src.split("def _advice", 1)[1]
+    said = re.findall(r'(?:return why, |^\s+)f?"((?:restart from|run a round now|while the job runs|go back to)[^"{]*)',
+                      body, re.M)
+    assert len(said) >= 4, said
+    table = _text(ROOT / "docs" / "runbook.md").split("| `next:` says | do |", 1)[1].split("\n\n", 1)[0]
+    rows = re.findall(r"^\| `([^`]*)` \|", table, re.M)
+    assert len(rows) == 4, rows
+    for row in rows:
+        assert any(row.startswith(s.rstrip()) or s.startswith(row.split(" X")[0]) for s in said), row
+    for s in said:
+        assert any(row.startswith(s.split(":")[0]) for row in rows), s
