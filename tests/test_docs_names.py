@@ -188,3 +188,15 @@ def test_the_runbooks_certify_table_has_a_row_for_each_next_certify_says() -> No
         assert any(row.startswith(s.rstrip()) or s.startswith(row.split(" X")[0]) for s in said), row
     for s in said:
         assert any(row.startswith(s.split(":")[0]) for row in rows), s
+
+
+def test_the_probe_lists_of_the_docs_are_the_probes_of_the_code() -> None:
+    """metrics.md's scout_sys_probe_up row and the glossary's probe entry name exactly the probes."""
+    from scout_sys.probes.ebpf import comms
+
+    probes = {m for f in (SRC / "probes").rglob("*.py") for m in re.findall(r'^    name = "([a-z-]+)"', _text(f), re.M)}
+    probes = (probes - {"ebpf"}) | {comms.SOURCE}  # "ebpf": the eBPF probes' base class
+    row = next(x for x in _text(ROOT / "docs" / "metrics.md").splitlines() if x.startswith("| `scout_sys_probe_up"))
+    assert set(re.findall(r"`([a-z-]+)`", row.split("1 attached, 0 off", 1)[1].split(")", 1)[0])) == probes
+    entry = _text(ROOT / "docs" / "how-it-works.md").split('<a id="probe"></a>', 1)[1].split("\n- ", 1)[0]
+    assert set(re.findall(r"[a-z]+(?:-[a-z]+)?", entry.split("(", 1)[1].split(")", 1)[0])) == probes
