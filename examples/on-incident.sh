@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # An --on-incident hook for scout-sys watch: post the incident to a webhook (Slack-style {"text": ...})
 # and, with --drain, drain the Slurm node(s) of an attributed incident whose cause lies in the node:
-# `hardware` (its GPU reports ECC errors or slows itself down), `sdc` (its device computes other bits
-# than its peers), or a `straggler` that replay confirmed is a slow device (unless it is starved of CPU:
+# `hardware` (its GPU reports ECC errors or slows itself down), `sdc` on a GPU (it computes other bits
+# than its peers; on a CPU device the cause is usually the rank's environment — its ATEN_CPU_CAPABILITY
+# or thread count, in the evidence's `context` — not the silicon), or a `straggler` that replay confirmed is a slow device (unless it is starved of CPU:
 # throttled or contended, which its replay worker shares). Never for `hang`,
 # `collective_desync`, `process_stall`, `process_exit` or a straggler replay cleared: those are
 # usually the job's code, its input pipeline or the network, and draining a healthy node for them
@@ -48,10 +49,13 @@ slow = any(x.get("source") == "replay" and x.get("device_slow", "peer_median" in
 # a rank starved of CPU (its cgroup quota, or contention): its replay worker shares that cgroup and those
 # cores, so its "slow device" is the same starvation; fix the quota or the neighbour, keep the node
 slow = slow and not any(x.get("cause") in ("throttled", "contended") for x in i.get("evidence") or [])
+# an sdc named on a GPU (replay evidence per divergent device: "cuda:3"; a CPU worker is "cpu/rank2")
+gpu_sdc = any(x.get("source") == "replay" and "kernels" in x and not str(x.get("device", "cpu")).startswith("cpu")
+              for x in i.get("evidence") or [])
 for k, v in {"j_event": e.get("event", ""), "j_id": i.get("id", ""), "j_kind": i.get("kind", ""),
              "j_status": i.get("status", ""), "j_ranks": ",".join(map(str, i.get("ranks", []))),
              "j_hosts": ",".join(i.get("hosts", [])), "j_bundle": e.get("bundle") or "",
-             "summary": i.get("summary", ""), "slow_device": "1" if slow else ""}.items():
+             "summary": i.get("summary", ""), "slow_device": "1" if slow else "", "gpu_sdc": "1" if gpu_sdc else ""}.items():
     print(f"{k}={shlex.quote(str(v))}")
 ')"  # not JSON: python3 fails, and so does the script (set -e)
 eval "$fields"
@@ -77,7 +81,8 @@ fi
 # Drain only for an attributed incident whose cause lies in the node; an inconclusive verdict names no node.
 in_node() {
     case "$kind" in
-        hardware|sdc) return 0 ;;
+        hardware) return 0 ;;
+        sdc) [ -n "$gpu_sdc" ] ;;  # on a GPU; on a CPU device, compare the evidence's context first
         straggler) [ -n "$slow_device" ] ;;  # a slow device, as replay measured it (not input or network)
         *) return 1 ;;
     esac

@@ -3,7 +3,7 @@
 alert rules of examples/prometheus-alerts.yml pass `promtool check rules`, use only metrics the exporter
 serves, and fire (or stay quiet) as their comments say on a real scrape (`promtool test rules`: no
 ScoutSysProbeDown for nvml on a host without GPUs, ScoutSysWatchGone when the target stops answering);
-on-incident.sh drains only for causes that lie in the node."""
+on-incident.sh drains only for causes that lie in the node (an sdc: on a GPU only)."""
 
 from __future__ import annotations
 
@@ -213,7 +213,14 @@ def test_the_hook_drains_only_for_causes_in_the_node() -> None:
     for kind in ("hang", "collective_desync", "process_stall", "process_exit", "hardware", "sdc", "straggler"):
         drains[kind] = "scontrol update" in hook(event(kind), "--drain")
     assert drains == {"hang": False, "collective_desync": False, "process_stall": False, "process_exit": False,
-                      "hardware": True, "sdc": True, "straggler": False}, drains
+                      "hardware": True, "sdc": False, "straggler": False}, drains
+    # sdc: on a GPU the node (drain); on a CPU device first the rank's environment (its context), no drain
+    def sdc(device: str) -> list[dict]:
+        return [{"source": "replay", "text": f"{device} differs from the majority of its peers on softmax",
+                 "rank": 2, "device": device, "ranks": [2], "kernels": {"softmax": {"digest": "9f", "majority": "3a"}},
+                 "context": {"capability": "AVX2", "threads": 4}}]
+    assert "scontrol update" in hook(event("sdc", sdc("cuda:3")), "--drain")
+    assert "scontrol update" not in hook(event("sdc", sdc("cpu/rank2")), "--drain")
     confirmed = [{"source": "replay", "text": "replay: its device cpu/rank2 ran the same kernels 3.0x slower than "
                                               "its peers' — a slow device", "device_slow": True, "peer_median": 1.0}]
     cleared = [{"source": "replay", "text": "replay: its device cpu/rank2 runs the same kernels as fast as its "

@@ -120,7 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     _export_options(w)
     _cluster_options(w, "watch")
 
-    sub.add_parser("doctor", help="check eBPF, py-spy, ptrace and NVML prerequisites and say how to fix them")
+    sub.add_parser("doctor", help="check eBPF, py-spy, ptrace and NVML prerequisites and say how to fix them",
+                   description="One line per check: OK, MISSING (needed) or OFF (optional: that signal is off), "
+                               "then what was found or the fix. Reads only; changes nothing.",
+                   epilog="exit status: 0 everything needed is usable, 1 a needed prerequisite is missing (eBPF "
+                          "probes off; diagnose still works from /proc and stacks).")
     _agent_parser(sub)
     _replay_parsers(sub)
     return p

@@ -30,6 +30,7 @@ examples:
 
 events (--json): {"event": "incident_opened" | "incident_updated" | "incident_closed",
                   "time": <unix s>, "incident": {...same object as diagnose...}, "bundle": <path>}
+  and {"event": "checkpoint_written", "time", "path", "written", "coverage", "replay"} (docs/watch.md)
   with --cluster also {"event": "agent_lost" | "agent_back", "time", "node", "host", "ranks", "detail"}
 exit status: 0 the job ended without incidents, 1 incidents were opened, 2 could not watch.
 SIGINT / SIGTERM stop the watch cleanly (probes detached); SIGHUP never does (it reopens --events).
