@@ -3,8 +3,9 @@
 #   make demo   run a 4-rank demo job with one faulty rank and diagnose it
 #   make test   add what only the tests need to .venv (requirements-test.txt, requirements-frameworks.txt,
 #               the doc tools), then run the test suite (real torchrun jobs, real py-spy, real eBPF as
-#               root), two tests at a time, then the load-sensitive ones alone (scripts/test.sh); an eBPF
-#               or real-job test that skips fails it (SCOUT_SYS_ALLOW_SKIPS=1 allows skips on purpose)
+#               root): real-job tests two at a time, then the load-sensitive ones alone with the job-less
+#               ones beside them at nice 10 (scripts/test.sh); an eBPF or real-job test that skips fails
+#               it (SCOUT_SYS_ALLOW_SKIPS=1 allows skips on purpose)
 #   make bench  run the benchmarks
 #   make wheel  build dist/scout_sys-VERSION-py3-none-any.whl (pip/pipx install it anywhere)
 #   make install  as root: the wheel into its own venv $(PREFIX) with the product's dependencies only

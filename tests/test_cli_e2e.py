@@ -115,6 +115,25 @@ def test_diagnose_ebpf_names_who_killed_a_rank(start_job) -> None:
     assert p.returncode == 1 and origins(d) == [("process_exit", "attributed", [2])], d["incidents"]
     ebpf = [e for e in d["incidents"][0]["evidence"] if e["source"] == "ebpf" and e.get("rank") == 2]
     assert ebpf and ebpf[0]["signal"] == "SIGKILL" and ebpf[0]["sender_pid"] == os.getpid(), ebpf
+    # the answer came before the kernel unregistered the uprobes: a child of diagnose (its own session)
+    # detaches them after it exits, and is gone once done, leaving no probe behind
+    end = time.time() + 60
+    while (left := _same_cmdline(p.args)) and time.time() < end:
+        time.sleep(0.2)
+    assert left == [], f"diagnose's detaching child {left} still runs 60 s after the answer"
+
+
+def _same_cmdline(args: list[str]) -> list[int]:
+    """The processes running exactly ``args`` (a forked child keeps its parent's command line)."""
+    want = "\0".join(args).encode() + b"\0"
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and open(f"/proc/{name}/cmdline", "rb").read() == want:
+                found.append(int(name))
+        except OSError:
+            pass
+    return found
 
 
 def wait_line(w: WatchCli, pattern: str, timeout: float) -> re.Match[str]:

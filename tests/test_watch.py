@@ -14,11 +14,10 @@ import time
 import pytest
 
 from scout_sys.demo.launch import free_port
-from scout_sys.job import find_job
 from scout_sys.model import ATTRIBUTED, HANG, STRAGGLER
 from scout_sys.watch import Watcher
 from scout_sys.watch.hang import MIN_STALL_AFTER
-from tests._host import HOST_PREFIX, ebpf_reason
+from tests._host import ebpf_reason
 
 pytestmark = pytest.mark.slow
 
@@ -153,61 +152,21 @@ def test_straggler_extra_compute(start_job, tmp_path):
     assert "straggler" in opened[0].summary and opened[0].evidence
 
 
-def _cpu_cgroup(quota_us: int) -> tuple[str, str]:
-    """A CPU-quota cgroup (v2 cpu.max or v1 cfs quota) → (dir, procs file)."""
-    name = f"scout-test-{os.getpid()}-{time.monotonic_ns()}"
-    if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
-        d = f"/sys/fs/cgroup/{name}"
-        os.mkdir(d)
-        with open(f"{d}/cpu.max", "w") as f:
-            f.write(f"{quota_us} 100000")
-    elif os.path.isdir("/sys/fs/cgroup/cpu"):
-        d = f"/sys/fs/cgroup/cpu/{name}"
-        os.mkdir(d)
-        with open(f"{d}/cpu.cfs_period_us", "w") as f:
-            f.write("100000")
-        with open(f"{d}/cpu.cfs_quota_us", "w") as f:
-            f.write(str(quota_us))
-    else:
-        pytest.skip(f"{HOST_PREFIX}a cgroup CPU controller")
-    return d, f"{d}/cgroup.procs"
-
-
 @pytest.mark.serial  # load-sensitive: run alone (see tests/README.md)
-@pytest.mark.skipif(os.geteuid() != 0, reason="creating a cgroup needs root")
-def test_straggler_throttled_by_a_cgroup_cpu_quota(start_job, tmp_path):
-    job = start_job(4, args=["--hidden", "512"])
-    job.wait_steps(2)
-    victim = find_job(str(job.pid)).by_rank()[3].pid
-    cg, procs = _cpu_cgroup(2000)  # 2% of a CPU: its steps take several times longer
-    try:
-        with open(procs, "w") as f:
-            f.write(str(victim))
-        with Watcher(str(job.pid), ebpf=False, state_dir=str(tmp_path)) as w:
-            evs = _poll_until(w, lambda e: e.event == "incident_opened" and e.incident.kind == STRAGGLER,
-                              timeout=45)
-        opened = [e.incident for e in evs if e.event == "incident_opened"]
-        assert [(i.kind, i.ranks) for i in opened] == [(STRAGGLER, (3,))]
-    finally:
-        job.stop()
-        os.rmdir(cg)
-
-
-@pytest.mark.serial  # load-sensitive: run alone (see tests/README.md)
-def test_healthy_job_with_checkpoint_pauses_watched_for_a_minute_opens_nothing(start_job, watch_cli, tmp_path):
+def test_healthy_job_with_checkpoint_pauses_watched_for_40_s_opens_nothing(start_job, watch_cli, tmp_path):
     # at the defaults, as a user starts it (the CLI, no flag): rank 0 writes a checkpoint for ~2.5 s every
     # 40 steps while the others wait at a barrier (the floor suspects 1.5 s stretches: the windows must see
-    # the writer progress), and steps quickly in between; a minute of it opens no incident at all,
-    # attributed or inconclusive (as diagnose's twin requires)
+    # the writer progress), and steps quickly in between; 40 s of it (about 8 checkpoint pauses) opens
+    # no incident at all, attributed or inconclusive (as diagnose's twin requires)
     # (and keeps each step's checkpoint in a folder of its own, as a job does: the watch reports those)
     (tmp_path / "ckpt").mkdir()
     job = start_job(4, args=["--checkpoint-every", "40", "--checkpoint-seconds", "2.5",
                              "--checkpoint-dir", str(tmp_path / "ckpt")])
     job.wait_steps(2)
     w = watch_cli(job.pid, "--state-dir", str(tmp_path / "state"))
-    time.sleep(60)
+    time.sleep(40)
     assert w.proc.poll() is None, w.stderr()
-    assert job.log().count("SCOUT-DEMO checkpoint") >= 3
+    assert job.log().count("SCOUT-DEMO checkpoint") >= 4
     # the checkpoints it writes are news of their own (checkpoint_written, coverage by default): nothing else
     assert [e for e in w.events if e["event"] != "checkpoint_written"] == [], w.events
     assert any(e["event"] == "checkpoint_written" for e in w.events), w.events

@@ -141,11 +141,17 @@ def _diagnose(job_sel: str, window: float, *, as_json: bool, native: bool, quiet
     job = find_job(job_sel, topology)
     out = _open_output(output)
     try:
-        with Monitor(job, extra_probes=default_probes(ebpf)) as mon:
+        mon = Monitor(job, extra_probes=default_probes(ebpf))
+        mon.start()
+        try:
             mon.wait_started()
             if ebpf and not quiet:  # compiling took seconds: say when the window itself begins
                 print(f"scout-sys: probes ready; sampling {len(job.ranks)} ranks for {window:g} s", file=sys.stderr)
             d = mon.diagnose(window, native=native)
+        finally:
+            # the answer must not wait for the kernel: unregistering the collective probe's dozens of
+            # uprobes takes ~0.1 s each (5 s here); a short-lived child detaches them after we exit
+            mon.close(background=True)
         if not ebpf:
             d = replace(d, probes={**d.probes, "ebpf": "not requested (--ebpf)"})
         _save(out, to_json(d))  # first: the evidence is safe before anything is printed

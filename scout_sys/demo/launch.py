@@ -141,12 +141,14 @@ class DemoJob:
                 raise TimeoutError(f"no {pattern!r} within {timeout:g}s:\n{self.log()[-3000:]}")
             time.sleep(0.1)
 
-    def wait_fault(self, timeout: float = 60.0) -> int:
+    # A job's first steps wait for its ranks to import torch (a few CPU-seconds each): on a 2-core host
+    # that other jobs keep busy, four ranks and their launcher can take a minute.
+    def wait_fault(self, timeout: float = 120.0) -> int:
         """Wait for the fault marker; returns the faulty rank's pid."""
         m = self.wait_for(r"SCOUT-DEMO fault kind=\S+ rank=\d+ step=\d+ pid=(\d+)", timeout)
         return int(m.group(1))
 
-    def wait_steps(self, n: int = 1, timeout: float = 60.0) -> None:
+    def wait_steps(self, n: int = 1, timeout: float = 120.0) -> None:
         self.wait_for(r"SCOUT-DEMO step ", timeout, count=n)
 
     def pids(self) -> list[int]:
