@@ -13,7 +13,9 @@ the majority progresses again, the stretch it went without progress is one *gap*
 ``GAP_FACTOR`` times the ``GAP_PERCENTILE`` of the gaps of the last ``LEARN_SPAN`` seconds, never
 below ``MIN_STALL_AFTER`` (which also holds until ``MIN_GAPS`` gaps are known). A percentile of
 recent gaps, not the longest pause ever: a multi-second start-up or one slow step does not teach the
-watch to wait four times that for the rest of the job.
+watch to wait four times that for the rest of the job. Once the collective probe (eBPF) is the signal,
+what the coarse procfs and stack signals taught (gaps, pauses) is forgotten and learning starts again
+from the floor.
 
 Once the steady gap is known, a stretch that raised a suspicion the window did not confirm, and then
 ended in progress, was a *pause* (a checkpoint write, an evaluation phase, one rank's periodic work while the others wait: the

@@ -4,7 +4,10 @@
   the primary signal when the probe sees the rank: it holds for the GPU shape, where every main thread
   keeps running (spinning in the driver) and no stack shows a collective.
 - ``main thread`` (procfs): the main thread has not run (the Gloo shape: waiters sleep in the
-  collective).
+  collective); or, on a rank whose main thread keeps running and was seen to block now and then (a
+  sleep between steps, a lock, an I/O), it has not blocked since (its voluntary context switches stand
+  still, read every poll: the GPU shape's waiters spinning at their sync point, seconds before two
+  sparse stack samples agree).
 - ``stack`` (a rotating, low-rate stack sample: :class:`Rotation`): the rank's main-thread stack has
   stayed at one place (by function) in every sample. Works without eBPF for the spin shape.
 
