@@ -141,6 +141,7 @@ class ProcSample:
     cg_throttled_ns: int | None = None
     cg_quota: float | None = None
     ctx_switches: int = 0
+    main_voluntary: int | None = None  # the main thread's voluntary context switches (it blocked or slept)
     num_threads: int = 0
     wchan: str | None = None
     write_chars: int | None = None

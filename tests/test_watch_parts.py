@@ -109,9 +109,9 @@ def test_changed_compares_fields_not_text():
 
 # ---------------------------------------------------------------- progress
 
-def _proc(rank, t, *, status="sleeping", last_ran=None):
+def _proc(rank, t, *, status="sleeping", last_ran=None, blocks=None):
     return ProcSample(time=t, rank=rank, pid=100 + rank, status=status, cpu_time=0.0, main_cpu_ns=0,
-                      main_last_ran=last_ran if last_ran is not None else t)
+                      main_last_ran=last_ran if last_ran is not None else t, main_voluntary=blocks)
 
 
 def _stack(rank, t, fn="wait", line=1):
@@ -162,6 +162,26 @@ def test_progress_stack_still_at_one_place_is_the_spin_signal_without_ebpf():
     assert p.stalled(0, T0 + 8) == (8.0, STACK)
     assert p.stalled(3, T0 + 8)[0] == 0.0  # it moves
     assert p.majority(range(4), 4, T0 + 8) == (8.0, STACK)
+
+
+def test_progress_a_spinner_that_stopped_blocking_is_seen_every_poll_not_every_few_seconds():
+    # the GPU shape without eBPF: healthy ranks sleep a moment every step (their main thread's voluntary
+    # switches move); once they spin at their sync point they stop, long before two stack samples agree
+    p = Progress()
+    for i in range(8):  # 4 s healthy, one poll each 0.5 s
+        t = T0 + 0.5 * i
+        p.observe([_proc(r, t, status="running", blocks=10 * i) for r in range(4)], t)
+    for i in range(1, 5):  # from T0 + 3.5: ranks 0-2 spin (no block); rank 3 naps in its loader
+        t = T0 + 3.5 + 0.5 * i
+        p.observe([_proc(r, t, status="running", blocks=70) for r in range(3)]
+                  + [_proc(3, t, status="running", blocks=70 + i)], t)
+    assert p.stalled(0, T0 + 5.5) == (2.0, MAIN_THREAD)
+    assert p.stalled(3, T0 + 5.5)[0] == 0.0
+    assert p.majority(range(4), 4, T0 + 5.5) == (2.0, MAIN_THREAD)
+    never = Progress()  # a main thread never seen to block says nothing by it
+    for i in range(8):
+        never.observe([_proc(0, T0 + 0.5 * i, status="running", blocks=5)], T0 + 0.5 * i)
+    assert never.stalled(0, T0 + 3.5)[0] == 0.0
 
 
 def test_progress_one_place_counts_while_the_main_thread_keeps_waking_not_across_long_sleeps():
@@ -266,10 +286,11 @@ def test_hang_watch_reconfirms_an_open_hang_periodically_and_sooner_on_progress(
     assert h.decide(later, 0.0, MAIN_THREAD, decisive=False, hang_open=True, learning=False).confirm  # progress seen
 
 
-def _run(h: HangWatch, t: float, stalls, *, step: float = 0.5, learning: bool = True) -> float:
+def _run(h: HangWatch, t: float, stalls, *, step: float = 0.5, learning: bool = True,
+         signal: str = MAIN_THREAD) -> float:
     """Feed ``stalls`` one poll each ``step`` seconds from ``t``; returns the next poll's time."""
     for stall in stalls:
-        h.decide(t, stall, MAIN_THREAD, decisive=False, hang_open=False, learning=learning)
+        h.decide(t, stall, signal, decisive=False, hang_open=False, learning=learning)
         t += step
     return t
 
@@ -296,14 +317,30 @@ def test_hang_watch_learns_stall_after_from_the_recent_steady_gap_not_the_start_
 
 def test_hang_watch_suspects_a_fast_job_at_the_floor_and_a_slow_one_later():
     h = HangWatch()
-    t = _run(h, T0, [0.05] * 40)
+    t = _run(h, T0, [0.05] * 40, signal=COLLECTIVES)
     assert not h.decide(t, 1.4, COLLECTIVES, decisive=False, hang_open=False, learning=True).suspect
     d = h.decide(t + 0.5, 1.6, COLLECTIVES, decisive=False, hang_open=False, learning=True)
     assert d.suspect and d.confirm and d.threshold == MIN_STALL_AFTER
     slow = HangWatch()
-    t = _run(slow, T0, _steps(2.0, 15))
+    t = _run(slow, T0, _steps(2.0, 15), signal=COLLECTIVES)
     assert not slow.decide(t, 2.5, COLLECTIVES, decisive=False, hang_open=False, learning=True).suspect
     assert slow.decide(t + 2.5, 5.0, COLLECTIVES, decisive=False, hang_open=False, learning=True).confirm
+
+
+def test_hang_watch_forgets_what_the_coarse_signals_taught_once_the_collective_probe_sees_the_ranks():
+    h = HangWatch()
+    t = _run(h, T0, _steps(3.0, 12), signal=STACK)  # a spinner read by sparse stack samples, probes compiling
+    assert h.stall_after > 5.0
+    t = _run(h, t, [0.05] * 4, signal=COLLECTIVES)  # the collective probe attached: its gaps, from the floor
+    assert h.stall_after == MIN_STALL_AFTER and not h.pauses
+    assert h.decide(t, 1.6, COLLECTIVES, decisive=False, hang_open=False, learning=True).confirm
+
+
+def test_a_pause_cadence_never_covers_every_moment():
+    h = HangWatch()
+    h.pauses.extend([(T0, 3.0), (T0 + 3.0, 3.0)])  # a period of 3 s: a 2 s slack would cover it all
+    assert h.known_pause(T0 + 6.1) == 3.0
+    assert h.known_pause(T0 + 7.5) is None
 
 
 def test_hang_watch_learns_a_repeating_pause_and_stops_paying_a_window_for_it():

@@ -271,6 +271,7 @@ class ProcfsProbe:
             cg_throttled_ns=throttled_ns,
             cg_quota=quota,
             ctx_switches=ctx.voluntary + ctx.involuntary,
+            main_voluntary=ctx.voluntary,  # /proc/PID/status: the main thread's own counts
             num_threads=nthreads,
             wchan=None if wchan in ("", "0") else wchan,
             write_chars=wchars,

@@ -13,7 +13,9 @@ the majority progresses again, the stretch it went without progress is one *gap*
 ``GAP_FACTOR`` times the ``GAP_PERCENTILE`` of the gaps of the last ``LEARN_SPAN`` seconds, never
 below ``MIN_STALL_AFTER`` (which also holds until ``MIN_GAPS`` gaps are known). A percentile of
 recent gaps, not the longest pause ever: a multi-second start-up or one slow step does not teach the
-watch to wait four times that for the rest of the job.
+watch to wait four times that for the rest of the job. Once the collective probe (eBPF) is the signal,
+what the coarse procfs and stack signals taught (gaps, pauses) is forgotten and learning starts again
+from the floor.
 
 Once the steady gap is known, a stretch that raised a suspicion the window did not confirm, and then
 ended in progress, was a *pause* (a checkpoint write, an evaluation phase, one rank's periodic work while the others wait: the
@@ -59,7 +61,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from scout_sys.model import DESYNC, HANG, INCONCLUSIVE, MAIN_THREAD, STACK, Evidence, Incident
+from scout_sys.model import COLLECTIVES, DESYNC, HANG, INCONCLUSIVE, MAIN_THREAD, STACK, Evidence, Incident
 
 MIN_STALL_AFTER = 1.5  # the floor of the adaptive stall-after (seconds)
 MAX_STALL_AFTER = 600.0
@@ -116,6 +118,7 @@ class HangWatch:
         self._new_stretch = False  # the majority progressed since the last fruitless window
         self._calm_since: float | None = None  # no suspicion since then
         self._signal = ""  # the signal of the last poll's decision
+        self._fine = False  # the collective probe's signal has been seen (what was learned before is forgotten)
 
     # ------------------------------------------------------------------ thresholds
     @property
@@ -145,7 +148,9 @@ class HangWatch:
         if period <= 0:
             return None
         k = round((began - starts[-1]) / period)
-        if k < 1 or abs(began - (starts[-1] + k * period)) > max(2.0, CADENCE_SLACK * period):
+        # within the slack, but never half a period or more: every moment would be "at the cadence"
+        slack = min(max(2.0, CADENCE_SLACK * period), period / 3)
+        if k < 1 or abs(began - (starts[-1] + k * period)) > slack:
             return None
         return max(length for _, length in list(self.pauses)[-3:])
 
@@ -178,12 +183,26 @@ class HangWatch:
         if self.fixed is None and (self._learned_at is None or now - self._learned_at >= 1.0):
             self._relearn(now)
 
+    def _forget_learned(self, now: float) -> None:
+        """The collective probe now sees the ranks: the gaps and pauses learned from the coarse procfs
+        and stack signals (a spinner read by samples seconds apart, windows taken while the probes
+        compiled) say nothing of the sequence numbers' gaps; learn again from the floor."""
+        self._fine = True
+        self._gaps.clear()
+        self.pauses.clear()
+        self._in_pause = False
+        self._prev = None
+        if self.fixed is None:
+            self._relearn(now)
+
     def decide(self, now: float, stall: float, signal: str, *, decisive: bool, hang_open: bool,
                learning: bool, desync: bool = False, finishing: bool = False) -> Decision:
         """One poll: ``stall`` is the majority's no-progress time by ``signal``; ``decisive`` a rank
         stopped, died or is missing; ``desync`` the eBPF fingerprints show one (consensus/desync.py);
         ``learning`` whether a healthy stretch may teach ``stall_after`` (every rank is there and
         every probe settled); ``finishing`` a rank ended cleanly (the job may be ending)."""
+        if signal == COLLECTIVES and not self._fine:
+            self._forget_learned(now)
         self._learn(now, stall, learning=learning and not hang_open and not decisive and not finishing)
         limit = self.threshold(now, stall)
         suspect = decisive or desync or stall >= (max(limit, FINISHING_GRACE) if finishing else limit)

@@ -4,7 +4,10 @@
   the primary signal when the probe sees the rank: it holds for the GPU shape, where every main thread
   keeps running (spinning in the driver) and no stack shows a collective.
 - ``main thread`` (procfs): the main thread has not run (the Gloo shape: waiters sleep in the
-  collective).
+  collective); or, on a rank whose main thread keeps running and was seen to block now and then (a
+  sleep between steps, a lock, an I/O), it has not blocked since (its voluntary context switches stand
+  still, read every poll: the GPU shape's waiters spinning at their sync point, seconds before two
+  sparse stack samples agree).
 - ``stack`` (a rotating, low-rate stack sample: :class:`Rotation`): the rank's main-thread stack has
   stayed at one place (by function) in every sample. Works without eBPF for the spin shape.
 
@@ -49,6 +52,11 @@ HELD_SLACK = 0.5  # a thread held by our dump runs once more right after it is l
 # a spinner, a busy loop, a rank polling or sleeping in short naps at one place (a stuck data loader);
 # not a healthy slow-stepping rank, whose main thread sleeps for seconds at one line every step.
 AWAKE_PAUSE = 1.0
+# A spinner whose main thread blocks now and then (sleeps between steps, waits for a lock or an I/O)
+# and has not blocked for S seconds has made no progress for S: its voluntary context switches stand
+# still. Counted only once they have moved while watched, and for at most this many seconds (a job
+# whose main thread stopped blocking long ago says nothing by them).
+BLOCKS_MEMORY = 30.0
 
 
 @dataclass
@@ -67,6 +75,8 @@ class Progress:
         self._on: dict[int, float] = {}  # rank -> since when every procfs sample saw its main thread run
         self._held: dict[float, float | None] = {}  # our native dumps: start -> end (None: still holding)
         self._stack: dict[int, _Run] = {}
+        self._blocks: dict[int, _Run] = {}  # rank -> its main thread's voluntary switches (procfs)
+        self._blocks_moved: set[int] = set()  # ranks whose count moved while watched
         self._seq: dict[int, _Run] = {}
         self._seq_groups: dict[int, dict[str, int]] = {}
         self._in_collective: dict[int, bool] = {}  # the rank's last stack sample was in a collective
@@ -112,10 +122,29 @@ class Progress:
                 off = before  # it ran only because our dump woke it
             self._off[o.rank] = off
             self._pause[o.rank] = max(0.0, now - off)
+        if o.main_voluntary is not None:
+            self._observe_blocks(o.rank, o.main_voluntary, o.time)
         if self._pause.get(o.rank, 0.0) <= AWAKE_PAUSE:
             self._on.setdefault(o.rank, o.time)
         else:
             self._on.pop(o.rank, None)
+
+    def _observe_blocks(self, rank: int, count: int, t: float) -> None:
+        run = self._blocks.get(rank)
+        if run is not None and run.value != count and self._ours(t, run.since):
+            run.value = count  # it blocked because our dump held it: not progress
+            return
+        if run is not None and run.value != count:
+            self._blocks_moved.add(rank)
+        _advance(self._blocks, rank, count, t)
+
+    def _unblocked(self, rank: int, now: float) -> float:
+        """How long a rank's main thread, which blocks now and then, has not blocked (0: unknown)."""
+        run = self._blocks.get(rank)
+        if run is None or rank not in self._blocks_moved:
+            return 0.0
+        still = now - run.since
+        return still if still <= BLOCKS_MEMORY else 0.0
 
     def held(self, start: float, end: float | None = None) -> None:
         """Our native dump holds (``end`` None) or held the ranks from ``start`` to ``end``: what their
@@ -151,9 +180,13 @@ class Progress:
             return pause, MAIN_THREAD
         stack = self._stack.get(rank)
         still = (stack.seen - stack.since) if stack is not None else 0.0
+        unblocked = 0.0
         if rank in self._pause:  # procfs sees it: one place counts only while the main thread keeps waking
             on = self._on.get(rank)
             still = min(still, now - on) if on is not None else 0.0
+            unblocked = min(self._unblocked(rank, now), now - on) if on is not None else 0.0
+        if unblocked > max(pause, still):  # a spinner that used to block: seen every poll, not every few s
+            return unblocked, MAIN_THREAD
         return (pause, MAIN_THREAD) if pause >= still else (still, STACK)
 
     def majority(self, ranks: Sequence[int], n: int, now: float) -> tuple[float, str]:
