@@ -26,12 +26,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from scout_sys.cluster import heartbeat, wire
+from scout_sys.cluster import answer, heartbeat, wire
+from scout_sys.cluster.answer import Answer
 from scout_sys.cluster.beat import LocalWatch
 from scout_sys.cluster.store import Store
 from scout_sys.errors import BadToken, ScoutError, StoreUnreachable
 from scout_sys.model import Job, ProcSample
-from scout_sys.model_job import WIRE, job_to_json
 from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.restart import GRACE
 
@@ -257,19 +257,20 @@ class Agent:
         if pending:
             window = max(w for _, w in pending)
             self._heartbeat(self.clock(), busy_for=window)  # watchers: silent for the window, not lost
-            answer = self._window(window)
+            reply = self._window(window)
             for r, _ in pending:
                 key = wire.answer_key(r, self.node)
-                self.store.set(key, wire.seal(self.token, key, self.nonce, {**answer, "id": r}))
+                self.store.set(key, wire.seal(self.token, key, self.nonce, {**reply, "id": r}))
 
     def _window(self, window: float) -> dict[str, Any]:
-        """One window of this host's ranks, as the Monitor of ``diagnose`` samples it."""
+        """One window of this host's ranks, as the Monitor of ``diagnose`` samples it: the answer's body."""
         from scout_sys.consensus import hang
         from scout_sys.probes.pystack import check_access
 
-        base = {"node": self.node, "host": self.name}
+        assert self.node is not None
         if self.monitor is None or self.job is None:
-            return {**base, "error": self.job_error or "no ranks found yet"}
+            return answer.encode(Answer(node=self.node, host=self.name, job=None,
+                                        error=self.job_error or "no ranks found yet"))
         t0 = self.clock()
         obs = self.monitor.collect(window)
         t1 = self.clock()
@@ -277,13 +278,12 @@ class Agent:
         try:
             check_access(obs)
         except ScoutError as e:
-            return {**base, "error": str(e)}
-        acts = hang.activities(self.job, obs)
+            return answer.encode(Answer(node=self.node, host=self.name, job=None, error=str(e)))
         probes = {k: ("not attached within the window" if v == "starting" else v)
                   for k, v in self.monitor.probe_status.items()}
-        return {**base, "window": [t0, t1], "job": job_to_json(self.job, WIRE),
-                "acts": wire.activities_to_json(acts.values()),
-                "records": [wire.record_to_json(o) for o in wire.shareable(self.local.records())], "probes": probes}
+        return answer.encode(Answer(node=self.node, host=self.name, job=self.job, acts=hang.activities(self.job, obs),
+                                    records=tuple(wire.shareable(self.local.records())), probes=probes,
+                                    window=(t0, t1)))
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop: threading.Event) -> int:
