@@ -48,7 +48,7 @@ from scout_sys.replay.live import ReplayPart
 from scout_sys.watch import bundle
 from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.early import EarlyProbes, early_probes
-from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch, with_trigger
+from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch
 from scout_sys.watch.incidents import IncidentBook
 from scout_sys.watch.progress import Progress, Rotation
 from scout_sys.watch.restart import ENDED, FOUND, SAME, RankFinder, selector_pids
@@ -252,12 +252,7 @@ class Watcher(Sessioned):
             # (witnesses frozen mid-collective look like a common-mode hang); decide once it is done
             d = replace(d, confirm=False)
         if d.confirm:
-            findings = self._confirm()
-            self.hang.confirmed(now, found=bool(findings), stall=stall)
-            if self.hang.hold(findings, hang_open=hang_open):
-                findings = []  # nobody named yet: the next poll looks again
-            if d.suspect and not hang_open:
-                findings = with_trigger(findings, d, self.stall_after)
+            findings = self.hang.judge(now, d, self._confirm(), stall=stall, hang_open=hang_open)
             findings = [self._with_step_history(f, stall) if commonmode.is_common_mode(f) else f for f in findings]
         elif hang_open:
             findings = self.book.of_kinds(HANG_KINDS)  # between two windows the hang stays as it was
