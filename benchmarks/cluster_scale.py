@@ -30,12 +30,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from benchmarks.consensus_scale import T0, observations  # noqa: E402
-from scout_sys.cluster import heartbeat, wire  # noqa: E402
+from scout_sys.cluster import answer, heartbeat, wire  # noqa: E402
 from scout_sys.cluster.agent import Agent  # noqa: E402
+from scout_sys.cluster.answer import Answer  # noqa: E402
 from scout_sys.cluster.merge import ANSWERED, AgentState, decide, merge_job  # noqa: E402
 from scout_sys.consensus import hang  # noqa: E402
 from scout_sys.model import Activity, Job, ProcSample, Rank, StackSample  # noqa: E402
-from scout_sys.model_job import WIRE, job_to_json  # noqa: E402
 
 HUNG_AGENT = 37  # of 64 (fewer agents: the last one)
 
@@ -75,8 +75,7 @@ class SimAgent(Agent):
         hung = self.job.ranks[3].rank if self.node == min(HUNG_AGENT, self.nnodes - 1) else None
         obs = [o for o in observations(self.job.ranks[-1].rank + 1, idle=hung) if o.rank in self.job.by_rank()]
         acts = hang.activities(self.job, obs)
-        return {"node": self.node, "host": self.name, "window": [t0, self.clock()], "job": job_to_json(self.job, WIRE),
-                "acts": wire.activities_to_json(acts.values()), "records": [], "probes": {}}
+        return answer.encode(Answer(node=self.node, host=self.name, job=self.job, acts=acts, window=(t0, self.clock())))
 
     def _connect(self) -> None:
         fresh = self.store is None
@@ -187,7 +186,7 @@ class MemStore:
 
 
 def synthetic(sizes: list[int], per: int) -> bool:
-    from scout_sys.cluster.client import ClusterClient, answer_from, gc_paused
+    from scout_sys.cluster.client import ClusterClient, gc_paused
     from scout_sys.cluster.watch import ClusterWatcher
 
     def one(obs: list[Any]) -> Activity:
@@ -205,9 +204,9 @@ def synthetic(sizes: list[int], per: int) -> bool:
                       world_size=n, launcher="sim", launcher_pid=None, host=f"h{k}")
             acts = [replace(idle if r == n // 3 else wait, rank=r, pid=1000 + r) for r in ranks]
             key = wire.answer_key(1, k)
-            raws[key] = wire.seal(token, key, nonce, {"node": k, "host": f"h{k}", "job": job_to_json(job, WIRE),
-                                                      "window": [T0, T0 + 2], "acts": wire.activities_to_json(acts),
-                                                      "records": [], "probes": {}, "id": 1})
+            body = answer.encode(Answer(node=k, host=f"h{k}", job=job, acts={a.rank: a for a in acts},
+                                        window=(T0, T0 + 2)))
+            raws[key] = wire.seal(token, key, nonce, {**body, "id": 1})
             sim = SimAgent(("127.0.0.1", 1), nnodes=n // per, node_rank=k, token=token, host_name=f"h{k}", per=per)
             sim.job = job
             beats[wire.hb_key(k)] = wire.seal(token, wire.hb_key(k), nonce, {"node": k, "host": f"h{k}", "time": T0,
@@ -217,7 +216,7 @@ def synthetic(sizes: list[int], per: int) -> bool:
             bodies = {k: wire.unseal(token, wire.answer_key(1, k), raws[wire.answer_key(1, k)], nonce)
                       for k in range(n // per)}
             t_verify = time.process_time() - t
-            answers = [answer_from(b, k) for k, b in bodies.items()]
+            answers = [answer.decode(b, k) for k, b in bodies.items()]
             t_parse = time.process_time() - t - t_verify
             t = time.process_time()
             d, _ = decide(answers, [AgentState(a.node, a.host, ANSWERED) for a in answers], world_size=n,

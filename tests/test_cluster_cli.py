@@ -69,3 +69,23 @@ def test_an_agent_started_before_its_leader_joins_and_never_says_rejoined():
         stop.set()
         t.join(10)
         server.close()
+
+
+def test_an_agent_is_configured_by_one_value_or_by_its_settings_one_by_one():
+    import pytest
+
+    from scout_sys.cluster.agent import Agent, AgentConfig
+    from scout_sys.errors import ScoutError
+    from scout_sys.watch.config import WatchConfig
+
+    token = os.urandom(32)
+    config = AgentConfig(("10.0.0.1", 29450), nnodes=2, node_rank=1, host_name="b", watch=WatchConfig(ebpf=False))
+    one = Agent("999999999", config, token=token)
+    kw = Agent("999999999", ("10.0.0.1", 29450), nnodes=2, node_rank=1, host_name="b", ebpf=False, token=token)
+    assert one.agent_config == kw.agent_config == config
+    assert (kw.host, kw.port, kw.listen, kw.nnodes, kw.node, kw.name) == ("10.0.0.1", 29450, "10.0.0.1", 2, 1, "b")
+    assert kw.config == WatchConfig(ebpf=False)  # the watch's settings it reads
+    assert Agent("1", config, token=token, listen="0.0.0.0", topology="tp=2").agent_config == AgentConfig(
+        ("10.0.0.1", 29450), 2, 1, "b", listen="0.0.0.0", watch=WatchConfig(ebpf=False, topology="tp=2"))
+    with pytest.raises(ScoutError, match="--node-rank 2 is not within --nnodes 2"):
+        Agent("1", config, token=token, node_rank=2)

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from scout_sys.cluster import heartbeat, wire
+from scout_sys.cluster import answer, heartbeat, wire
 from scout_sys.cluster.heartbeat import RankBeat
 from scout_sys.cluster.merge import ANSWERED, AgentState, Answer, decide
 from scout_sys.consensus import hang
@@ -118,6 +118,20 @@ def test_a_rank_missing_on_another_host_is_named_with_that_host():
                   source="s:1", now=T0 + 5)
     assert [(i.kind, i.ranks, i.hosts) for i in d.incidents] == [("process_exit", (5,), ("b",))]
     assert [r["host"] for r in d.to_json()["job"]["ranks"] if r["rank"] == 5] == ["b"]
+
+
+def test_a_window_answer_round_trips_through_its_codec_and_keeps_its_node():
+    a = replace(_answer(1, range(4, 8), "b", idle=6), probes={"ebpf": None, "nvml": "no GPU"},
+                records=(ExitRecord(time=T0, rank=5, pid=1005, exit_code=1, signal=None),))
+    body = json.loads(json.dumps(answer.encode(a)))  # as unseal gives it back
+    back = answer.decode(body, 1)
+    assert back == a and back.acts == a.acts and back.probes == a.probes
+    assert set(body) == {"node", "host", "window", "job", "acts", "records", "probes"}
+    failed = answer.encode(Answer(node=0, host="a", job=None, error="no ranks found yet"))
+    assert failed == {"node": 0, "host": "a", "error": "no ranks found yet"}
+    assert answer.decode(failed, 0).error == "no ranks found yet"
+    with pytest.raises(wire.Forged):  # node 0's answer passed off as node 1's
+        answer.decode(failed, 1)
 
 
 def test_heartbeat_beats_round_trip_compact_and_read_version_1():

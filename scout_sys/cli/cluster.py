@@ -59,17 +59,18 @@ def _agent(args: argparse.Namespace) -> int:
     import socket
     import threading
 
-    from scout_sys.cluster.agent import Agent
+    from scout_sys.cluster.agent import Agent, AgentConfig
     from scout_sys.cluster.store import parse_addr
     from scout_sys.cluster.wire import read_token
     from scout_sys.watch.config import WatchConfig
 
     if args.node_rank != "auto" and not args.node_rank.isdigit():
         raise ScoutError(f"--node-rank {args.node_rank!r}: a number 0..N-1, or auto")
-    agent = Agent(args.job, parse_addr(args.store), nnodes=args.nnodes,
-                  node_rank=None if args.node_rank == "auto" else int(args.node_rank),
-                  token=read_token(args.token_file), host_name=args.host_name or socket.gethostname(),
-                  listen=args.listen, config=WatchConfig(ebpf=args.ebpf, topology=args.topology))
+    config = AgentConfig(parse_addr(args.store), nnodes=args.nnodes,
+                         node_rank=None if args.node_rank == "auto" else int(args.node_rank),
+                         host_name=args.host_name or socket.gethostname(), listen=args.listen,
+                         watch=WatchConfig(ebpf=args.ebpf, topology=args.topology))
+    agent = Agent(args.job, config, token=read_token(args.token_file))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -23,15 +23,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from scout_sys.cluster import heartbeat, wire
+from scout_sys.cluster import answer, heartbeat, wire
+from scout_sys.cluster.answer import Answer
 from scout_sys.cluster.beat import LocalWatch
 from scout_sys.cluster.store import Store
 from scout_sys.errors import BadToken, ScoutError, StoreUnreachable
 from scout_sys.model import Job, ProcSample
-from scout_sys.model_job import WIRE, job_to_json
 from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.restart import GRACE
 
@@ -49,21 +49,58 @@ def _say(text: str) -> None:
     print(f"scout-sys agent: {text}", file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True)
+class AgentConfig:
+    """Where an agent stands, built once from the command line: ``store``: node 0's store (HOST, PORT);
+    ``nnodes``: how many agents; ``node_rank``: this one's (None: the node rank of this host's ranks,
+    torchrun's GROUP_RANK, once found); ``host_name``: the name it reports; ``listen``: the address the
+    leader binds when others reach it by another one (behind a Kubernetes Service: the pod's address, or
+    0.0.0.0), default the store's host; ``watch``: the watch's settings the agent reads (ebpf, topology)."""
+
+    store: tuple[str, int]
+    nnodes: int
+    node_rank: int | None
+    host_name: str
+    listen: str | None = None
+    watch: WatchConfig = field(default_factory=WatchConfig)
+
+    @classmethod
+    def of(cls, store: tuple[str, int], settings: dict[str, Any]) -> AgentConfig:
+        """From settings given one by one (the keyword arguments of earlier callers): this config's
+        fields, ``config`` (a WatchConfig) and the watch's fields (``ebpf=False``) over it."""
+        own, watch = cls._split(settings, WatchConfig())
+        return cls(store=store, watch=watch, **own)
+
+    def with_settings(self, settings: dict[str, Any]) -> AgentConfig:
+        """This config with some settings given one by one, as :meth:`of` takes them."""
+        if not settings:
+            return self
+        own, watch = self._split(settings, self.watch)
+        return replace(self, watch=watch, **own)
+
+    @classmethod
+    def _split(cls, settings: dict[str, Any], watch: WatchConfig) -> tuple[dict[str, Any], WatchConfig]:
+        rest = dict(settings)
+        own = {k: rest.pop(k) for k in [f.name for f in fields(cls)] if k in rest and k != "watch"}
+        return own, (rest.pop("config", None) or watch).with_settings(rest)
+
+
 class Agent:
-    def __init__(self, selector: str, store: tuple[str, int], *, nnodes: int, node_rank: int | None, token: bytes,
-                 host_name: str, listen: str | None = None, config: WatchConfig | None = None,
+    def __init__(self, selector: str, config: AgentConfig | tuple[str, int], *, token: bytes,
                  say: Callable[[str], None] = _say, clock: Callable[[], float] = time.time, **settings: Any) -> None:
-        """``node_rank`` None: the node rank of this host's ranks (torchrun's GROUP_RANK), once found.
-        ``listen``: the address the leader binds when others reach it by another one (behind a
-        Kubernetes Service: the pod's address, or 0.0.0.0); default the store's host. ``config``: the
-        watch's settings the agent reads (ebpf, topology); ``settings``: some of them one by one."""
+        """``config``: where the agent stands (:class:`AgentConfig`); or the store's (HOST, PORT), with
+        the rest of it given one by one in ``settings`` (``nnodes=2, node_rank=1, host_name="b",
+        ebpf=False``)."""
+        cfg = config.with_settings(settings) if isinstance(config, AgentConfig) else AgentConfig.of(config, settings)
+        self.agent_config = cfg
+        store, nnodes, node_rank = cfg.store, cfg.nnodes, cfg.node_rank
         if nnodes < 1 or (node_rank is not None and not 0 <= node_rank < nnodes):
             raise ScoutError(f"--node-rank {node_rank} is not within --nnodes {nnodes}")
         self.selector, self.host, self.port = selector, store[0], store[1]
-        self.listen = listen or self.host
+        self.listen = cfg.listen or self.host
         self.nnodes, self.node = nnodes, node_rank
-        self.token, self.name = token, host_name
-        self.config = (config or WatchConfig()).with_settings(settings)
+        self.token, self.name = token, cfg.host_name
+        self.config = cfg.watch  # the watch's settings (ebpf, topology)
         self.say, self.clock = say, clock
         self.store: Store | None = None
         self.nonce: str | None = None
@@ -257,19 +294,20 @@ class Agent:
         if pending:
             window = max(w for _, w in pending)
             self._heartbeat(self.clock(), busy_for=window)  # watchers: silent for the window, not lost
-            answer = self._window(window)
+            reply = self._window(window)
             for r, _ in pending:
                 key = wire.answer_key(r, self.node)
-                self.store.set(key, wire.seal(self.token, key, self.nonce, {**answer, "id": r}))
+                self.store.set(key, wire.seal(self.token, key, self.nonce, {**reply, "id": r}))
 
     def _window(self, window: float) -> dict[str, Any]:
-        """One window of this host's ranks, as the Monitor of ``diagnose`` samples it."""
+        """One window of this host's ranks, as the Monitor of ``diagnose`` samples it: the answer's body."""
         from scout_sys.consensus import hang
         from scout_sys.probes.pystack import check_access
 
-        base = {"node": self.node, "host": self.name}
+        assert self.node is not None
         if self.monitor is None or self.job is None:
-            return {**base, "error": self.job_error or "no ranks found yet"}
+            return answer.encode(Answer(node=self.node, host=self.name, job=None,
+                                        error=self.job_error or "no ranks found yet"))
         t0 = self.clock()
         obs = self.monitor.collect(window)
         t1 = self.clock()
@@ -277,13 +315,12 @@ class Agent:
         try:
             check_access(obs)
         except ScoutError as e:
-            return {**base, "error": str(e)}
-        acts = hang.activities(self.job, obs)
+            return answer.encode(Answer(node=self.node, host=self.name, job=None, error=str(e)))
         probes = {k: ("not attached within the window" if v == "starting" else v)
                   for k, v in self.monitor.probe_status.items()}
-        return {**base, "window": [t0, t1], "job": job_to_json(self.job, WIRE),
-                "acts": wire.activities_to_json(acts.values()),
-                "records": [wire.record_to_json(o) for o in wire.shareable(self.local.records())], "probes": probes}
+        return answer.encode(Answer(node=self.node, host=self.name, job=self.job, acts=hang.activities(self.job, obs),
+                                    records=tuple(wire.shareable(self.local.records())), probes=probes,
+                                    window=(t0, t1)))
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop: threading.Event) -> int:

@@ -17,13 +17,12 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from scout_sys.cluster import heartbeat, wire
+from scout_sys.cluster import answer, heartbeat, wire
 from scout_sys.cluster.heartbeat import Heartbeat
 from scout_sys.cluster.merge import ANSWERED, AgentState, Answer, decide
 from scout_sys.cluster.store import Store
 from scout_sys.errors import BadToken, ScoutError
 from scout_sys.model import Diagnosis
-from scout_sys.model_job import WIRE, job_from_json
 
 ANSWER_GRACE = 4.0  # seconds beyond the window for agents to notice the request, sample and answer
 
@@ -87,7 +86,7 @@ class ClusterClient:
                 if raw is None:
                     continue
                 try:
-                    answers[node] = answer_from(wire.unseal(self.token, akey, raw, self.nonce), node)
+                    answers[node] = answer.decode(wire.unseal(self.token, akey, raw, self.nonce), node)
                     problems.pop(node, None)
                 except wire.Forged as e:  # keep waiting: the real agent may still answer
                     problems[node] = ("forged", f"an answer that does not verify was ignored ({e})")
@@ -141,20 +140,6 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
-
-
-def answer_from(body: dict[str, Any], node: int) -> Answer:
-    """One agent's verified answer (its body) as the merge takes it."""
-    if int(body.get("node", -1)) != node:
-        raise wire.Forged(f"answer for node {node} claims node {body.get('node')}")
-    host = str(body.get("host", "?"))
-    if body.get("error"):
-        return Answer(node=node, host=host, job=None, error=str(body["error"]))
-    acts = wire.activities_from_json(body.get("acts", {}))
-    records = tuple(r for r in (wire.record_from_json(d) for d in body.get("records", ())) if r is not None)
-    w = body.get("window") or [0.0, 0.0]
-    return Answer(node=node, host=host, job=job_from_json(body["job"], WIRE), acts=acts, records=records,
-                  probes=dict(body.get("probes", {})), window=(float(w[0]), float(w[1])))
 
 
 def to_json(d: Diagnosis, cluster: dict[str, Any]) -> dict[str, Any]:

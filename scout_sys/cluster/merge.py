@@ -12,31 +12,17 @@ part of the JSON. Pure: no I/O, no clocks.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from scout_sys.cluster.answer import Answer
 from scout_sys.consensus import rules
 from scout_sys.model import Activity, Diagnosis, Job, Observation, Rank
 from scout_sys.model_job import layout_fields
 from scout_sys.text import ranks_text
 
 ANSWERED = "answered"
-
-
-@dataclass(frozen=True)
-class Answer:
-    """One agent's window (``error`` set when it could not look at its ranks)."""
-
-    node: int
-    host: str
-    job: Job | None
-    acts: Mapping[int, Activity] = field(default_factory=dict, hash=False, compare=False)
-    records: tuple[Observation, ...] = ()
-    probes: Mapping[str, str | None] = field(default_factory=dict, hash=False, compare=False)
-    notes: tuple[str, ...] = ()
-    window: tuple[float, float] = (0.0, 0.0)
-    error: str | None = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ gives a person around its events:
   *unknown* (not observed), and one
   entry per agent (``Snapshot.agents``);
 - the sinks (``--prometheus``, ``--on-incident``, ``--events``: scout_sys/exporters) fed every event
-  and snapshot, as the Watcher's ``sinks`` seam does;
+  and snapshot, by the session the Watcher uses too (scout_sys/watch/session.py);
 - an evidence bundle when a hang-like incident opens (scout_sys/watch/bundle.py's folder and modes):
   the whole-job diagnosis with its ``cluster`` part, each agent's window (its ranks' activities with
   their main-thread stacks, its records, probes) and the heartbeats the suspicion read.
@@ -20,25 +20,24 @@ gives a person around its events:
 from __future__ import annotations
 
 import os
-import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from scout_sys.cluster import wire
+from scout_sys.cluster.answer import Answer
 from scout_sys.cluster.client import to_json
 from scout_sys.cluster.heartbeat import Heartbeat, RankBeat
-from scout_sys.cluster.merge import Answer
 from scout_sys.cluster.watch import AgentEvent, Client, ClusterWatcher
 from scout_sys.consensus import hardware
 from scout_sys.consensus.kinds import HANG_KINDS
 from scout_sys.errors import ScoutError, StoreUnreachable
-from scout_sys.exporters import feed
-from scout_sys.model import Diagnosis, Event, Evidence, Incident, Job, ProcSample, Rank, RankView, Snapshot
+from scout_sys.model import Diagnosis, Event, Incident, Job, ProcSample, Rank, RankView, Snapshot
 from scout_sys.model_job import WIRE, job_to_json, layout_fields
 from scout_sys.watch import bundle
 from scout_sys.watch.config import WatchConfig
+from scout_sys.watch.session import Session, Sessioned
 from scout_sys.watch.views import Views
 
 WAITING = "waiting for the agents' heartbeats…"
@@ -74,7 +73,7 @@ class _Tap:
             close()
 
 
-class ClusterSource(ClusterWatcher):
+class ClusterSource(ClusterWatcher, Sessioned):
     """The whole job live: a Source for the dashboard, and the headless loop (``run``) with sinks.
     Its own state is named ``_src_*``, apart from the ClusterWatcher's."""
 
@@ -91,11 +90,9 @@ class ClusterSource(ClusterWatcher):
         self._src_said: deque[str] = deque(maxlen=10)
         super().__init__(lambda: _Tap(connect()), config, say=self._src_say, **kw)
         self.store_name = store
-        self.state_dir = self.config.state_dir or bundle.default_state_dir()
+        self.session = Session(self.config.state_dir)  # sinks, snapshot, bundles: as for watch --job
         self.started = self.clock()
-        self.snapshot: Snapshot | None = None
         self.waiting: str | None = WAITING
-        self.sinks: list[Any] = []  # exporters.Sink: fed every event and snapshot
         self._src_views = Views()
         self._src_beats: Beats = {}
         self._src_answers: Mapping[int, Answer] = {}
@@ -103,7 +100,6 @@ class ClusterSource(ClusterWatcher):
         self._src_hosts: dict[int, str] = {}  # node -> the host it last reported
         self._src_shown: Diagnosis | None = None  # the window the views show
         self._src_devices: dict[int, dict[str, object]] = {}
-        self._src_bundle: str | None = None
 
     @property
     def ever_opened(self) -> bool:
@@ -115,7 +111,10 @@ class ClusterSource(ClusterWatcher):
 
     # ------------------------------------------------------------------ one poll
     def poll(self) -> list[Event | AgentEvent]:
-        t0 = time.monotonic()
+        """One poll of the agents; the sinks get its events and the new snapshot (watch/session.py)."""
+        return self.session.poll(self._src_poll)
+
+    def _src_poll(self) -> list[Event | AgentEvent]:
         try:
             events = super().poll()
         except StoreUnreachable:
@@ -134,7 +133,6 @@ class ClusterSource(ClusterWatcher):
                 else:
                     self._src_down.pop(e.node, None)
         self._src_publish()
-        feed(self.sinks, events, self.snapshot, time.monotonic() - t0)
         return events
 
     def diagnose_now(self, window: float = 3.0) -> Diagnosis:
@@ -159,14 +157,12 @@ class ClusterSource(ClusterWatcher):
         """A new hang-like incident: save its bundle, and add where it went to the incident."""
         if not isinstance(e, Event) or e.event != "incident_opened" or e.incident.kind not in HANG_KINDS:
             return e
-        try:
-            path = save_bundle(self.state_dir, e.incident, self.last, self.cluster, self._src_answers, self._src_beats)
-        except OSError as x:
-            self._src_say(f"cannot save the evidence bundle under {self.state_dir}: {x}")
+        inc, path = self.session.save_bundle(
+            e.incident, lambda state_dir: save_bundle(state_dir, e.incident, self.last, self.cluster,
+                                                      self._src_answers, self._src_beats),
+            "cluster", self._src_say)
+        if path is None:
             return e
-        self._src_bundle = path
-        inc = replace(e.incident, evidence=e.incident.evidence + (
-            Evidence("cluster", f"evidence bundle saved to {path}", data={"bundle": path}),))
         if self.book.open.get(inc.key()) is e.incident:
             self.book.open[inc.key()] = inc  # the book keeps it ("bundle" evidence stays for life)
         return replace(e, incident=inc, bundle=path)
@@ -205,11 +201,11 @@ class ClusterSource(ClusterWatcher):
         elif self.snapshot is None:
             return
         notes = [*(d.notes if d is not None else ()), *self._src_said]
-        self.snapshot = Snapshot(
+        self.session.snapshot = Snapshot(
             time=now, started=self.started, job=job, views=dict(self._src_views.views),
             incidents=tuple(self.book.open.values()), closed=tuple(self.book.closed),
             probes=dict(d.probes) if d is not None else {}, stall_after=self.stall_after,
-            stacks=dict(self._src_views.stacks), devices=dict(self._src_devices), bundle=self._src_bundle,
+            stacks=dict(self._src_views.stacks), devices=dict(self._src_devices), bundle=self.session.bundle,
             notes=tuple(notes[-10:]),
             pauses={b.rank: b.pause for n in up for b in entries[n]},
             agents=tuple(self._src_agents()),

@@ -29,7 +29,7 @@ from scout_sys.consensus.kinds import HANG_KINDS
 from scout_sys.errors import BadToken, ScoutError, StoreUnreachable
 from scout_sys.model import Diagnosis, Event
 from scout_sys.watch.config import WatchConfig
-from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch, with_trigger
+from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch
 from scout_sys.watch.incidents import IncidentBook
 from scout_sys.watch.progress import majority_of
 
@@ -143,13 +143,7 @@ class ClusterWatcher:
                              hang_open=hang_open, learning=learning, finishing=finishing)
         if d.confirm:
             self.last, self.cluster = client.diagnose(CONFIRM_WINDOW)
-            found = list(self.last.incidents)
-            hangs = [i for i in found if i.kind in HANG_KINDS]
-            self.hang.confirmed(now, found=bool(hangs), stall=stall)
-            if self.hang.hold(hangs, hang_open=hang_open):  # nobody named yet: the next poll looks again
-                found = [i for i in found if i.kind not in HANG_KINDS]
-            if d.suspect and not hang_open:
-                found = with_trigger(found, d, self.stall_after)
+            found = self.hang.judge(now, d, self.last.incidents, stall=stall, hang_open=hang_open)
             unobserved = frozenset(u["rank"] for u in self.cluster.get("not_observed", ()))
             events += self.book.reconcile(found, self.clock(), None, unobserved=unobserved)
         return events

@@ -11,8 +11,9 @@ decisions, in the order a poll reads top to bottom:
    :mod:`~scout_sys.watch.hang` decides whether to take a stack window (the Monitor's, judged by the
    same rules as ``diagnose``);
 4. :mod:`~scout_sys.watch.straggler` judges a window every few seconds;
-5. :mod:`~scout_sys.watch.incidents` turns the findings into events; :mod:`~scout_sys.watch.bundle`
-   saves the evidence of a new hang.
+5. :mod:`~scout_sys.watch.incidents` turns the findings into events; the
+   :mod:`~scout_sys.watch.session` (shared with ``watch --cluster``) feeds the sinks and saves the
+   evidence of a new hang (:mod:`~scout_sys.watch.bundle`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from scout_sys.consensus import commonmode, desync, hardware, lifecycle, peers, rules
 from scout_sys.consensus.kinds import HANG_KINDS
-from scout_sys.exporters import feed
 from scout_sys.job import find_job
 from scout_sys.model import (
     HARDWARE,
@@ -48,17 +48,15 @@ from scout_sys.replay.live import ReplayPart
 from scout_sys.watch import bundle
 from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.early import EarlyProbes, early_probes
-from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch, with_trigger
+from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch
 from scout_sys.watch.incidents import IncidentBook
 from scout_sys.watch.progress import Progress, Rotation
 from scout_sys.watch.restart import ENDED, FOUND, SAME, RankFinder, selector_pids
 from scout_sys.watch.sample import cheap_sample
 from scout_sys.watch.sample import dead as _dead
+from scout_sys.watch.session import Session, Sessioned
 from scout_sys.watch.straggler import StragglerWatch, with_replay
 from scout_sys.watch.views import Views
-
-if TYPE_CHECKING:
-    from scout_sys.exporters import Sink
 
 HISTORY_SECONDS = 60.0
 WAITING_TEXT = "waiting for the job's ranks…"
@@ -66,7 +64,7 @@ WAITING_TEXT = "waiting for the job's ranks…"
 __all__ = ["HANG_KINDS", "WAITING_TEXT", "WatchConfig", "Watcher"]
 
 
-class Watcher:
+class Watcher(Sessioned):
     """A live job, polled every ``interval`` seconds; a :class:`~scout_sys.tui.source.Source`, every
     member of which it answers itself (the engine does not import the dashboard)."""
 
@@ -80,7 +78,7 @@ class Watcher:
         by one instead (``Watcher(sel, interval=0.5, ebpf=False)``), over ``config``."""
         self.config = config = (config or WatchConfig()).with_settings(settings)
         self.selector = selector
-        self.state_dir = config.state_dir or bundle.default_state_dir()
+        self.session = Session(config.state_dir)  # sinks, snapshot, bundles: as for watch --cluster
         self.clock = clock
         self.sleep = sleep
         self.finder = RankFinder(selector, lambda sel: find_job(sel, config.topology), wait_ranks=config.wait_ranks)
@@ -97,15 +95,12 @@ class Watcher:
         self.job: Job | None = None
         self.started = 0.0
         self.waiting: str | None = None  # what the watch waits for, before the first job (for people)
-        self.sinks: list[Sink] = []  # fed every event and snapshot (scout_sys/exporters)
         self.ended = False
-        self.snapshot: Snapshot | None = None
         self._obs: deque[Observation] = deque()
         self._collectives: dict[tuple[str, int], Any] = {}  # (group, rank) -> latest CollectiveSample
         self.views = Views()
         self._devices: dict[int, dict[str, object]] = {}
         self._notes: list[str] = []
-        self._bundle: str | None = None
         self._last_diagnosis: Diagnosis | None = None
         self._native_dumps = 0  # bundles' native dumps in flight: they pause ranks (see _hang_step)
         self._native_lock = threading.Lock()
@@ -197,11 +192,8 @@ class Watcher:
 
     # ------------------------------------------------------------------ one poll
     def poll(self) -> list[Event]:
-        """One iteration: its events; the sinks get them and the new snapshot."""
-        t0 = time.monotonic()
-        events = self._poll()
-        feed(self.sinks, events, self.snapshot, time.monotonic() - t0)
-        return events
+        """One iteration: its events; the sinks get them and the new snapshot (watch/session.py)."""
+        return self.session.poll(self._poll)
 
     def _poll(self) -> list[Event]:
         now = self.clock()
@@ -260,12 +252,7 @@ class Watcher:
             # (witnesses frozen mid-collective look like a common-mode hang); decide once it is done
             d = replace(d, confirm=False)
         if d.confirm:
-            findings = self._confirm()
-            self.hang.confirmed(now, found=bool(findings), stall=stall)
-            if self.hang.hold(findings, hang_open=hang_open):
-                findings = []  # nobody named yet: the next poll looks again
-            if d.suspect and not hang_open:
-                findings = with_trigger(findings, d, self.stall_after)
+            findings = self.hang.judge(now, d, self._confirm(), stall=stall, hang_open=hang_open)
             findings = [self._with_step_history(f, stall) if commonmode.is_common_mode(f) else f for f in findings]
         elif hang_open:
             findings = self.book.of_kinds(HANG_KINDS)  # between two windows the hang stays as it was
@@ -358,26 +345,21 @@ class Watcher:
         if inc.kind not in HANG_KINDS:
             return inc, None
         assert self.job is not None and self.monitor is not None
-        mon = self.monitor
-        try:
-            path = bundle.save(self.state_dir, inc, self.job, self._last_diagnosis, list(self._obs),
-                               native_dump=lambda: self._native_dump(mon))
-        except OSError as e:
-            self._notes.append(f"cannot save the evidence bundle under {self.state_dir}: {e}")
-            return inc, None
-        self._bundle = path
-        ev = Evidence("procfs", f"evidence bundle saved to {path}", data={"bundle": path})
-        return replace(inc, evidence=inc.evidence + (ev,)), path
+        mon, job = self.monitor, self.job
+        return self.session.save_bundle(
+            inc, lambda state_dir: bundle.save(state_dir, inc, job, self._last_diagnosis, list(self._obs),
+                                               native_dump=lambda: self._native_dump(mon)),
+            "procfs", self._notes.append)
 
     def _publish(self) -> None:
         assert self.job is not None and self.monitor is not None
-        self.snapshot = Snapshot(
+        self.session.snapshot = Snapshot(
             time=self.clock(), started=self.started, job=self.job, views=dict(self.views.views),
             incidents=tuple(self.book.open.values()), closed=tuple(self.book.closed),
             probes=dict(self.monitor.probe_status), stall_after=self.stall_after,
             step_times={r: tuple(v) for r, v in self.stragglers.period.items()},
             wait_fractions={r: tuple(1.0 - x for x in v) for r, v in self.stragglers.busy.items()},
-            stacks=dict(self.views.stacks), devices=dict(self._devices), ended=self.ended, bundle=self._bundle,
+            stacks=dict(self.views.stacks), devices=dict(self._devices), ended=self.ended, bundle=self.session.bundle,
             notes=tuple(self._notes[-10:]), pauses=self.progress.pauses(), seqs=self.progress.seqs(),
             lost_events=self.monitor.lost_events(),
         )

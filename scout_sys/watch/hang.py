@@ -61,6 +61,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from scout_sys.consensus.kinds import HANG_KINDS
 from scout_sys.model import COLLECTIVES, DESYNC, HANG, INCONCLUSIVE, MAIN_THREAD, STACK, Evidence, Incident
 
 MIN_STALL_AFTER = 1.5  # the floor of the adaptive stall-after (seconds)
@@ -277,6 +278,20 @@ class HangWatch:
         self._held = unnamed
         return hold
 
+
+    def judge(self, now: float, d: Decision, found: Sequence[Incident], *, stall: float,
+              hang_open: bool) -> list[Incident]:
+        """A confirmation window's findings (of any kinds) as both watches take them: :meth:`confirmed`
+        with its hang-like ones, those held back when :meth:`hold` says so, and what raised the
+        suspicion added to them (:func:`with_trigger`) when one started the window."""
+        hangs = [f for f in found if f.kind in HANG_KINDS]
+        self.confirmed(now, found=bool(hangs), stall=stall)
+        out = list(found)
+        if self.hold(hangs, hang_open=hang_open):  # nobody named yet: the next poll looks again
+            out = [f for f in found if f.kind not in HANG_KINDS]
+        if d.suspect and not hang_open:
+            out = with_trigger(out, d, self.stall_after)
+        return out
 
 def _family(signal: str) -> str:
     """The backoff's view of a signal: the two procfs ones (a spinner's stall by stack, the majority's
