@@ -175,7 +175,7 @@ TP_SLOW = ["--slow-work", "6000"]
 # its own compute; on this shared 2-core machine, while the watch compiles its eBPF probes, that compute
 # also waits for a CPU more than its peers' (which sleep): "starved of CPU (contended)", with the numbers
 # (diagnose's summary says the label, its evidence the numbers; watch's summary says both)
-CAUSE = re.compile(r"; cause: (compute|starved of CPU \(contended\))\b")
+CAUSE = re.compile(r"; cause: (compute\b|starved of CPU \(contended\))")
 
 
 @pytest.mark.parametrize("slow", [3, -1], ids=["rank3-slow", "healthy"])
