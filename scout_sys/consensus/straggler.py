@@ -83,6 +83,8 @@ class WindowVerdict:
     causes: dict[int, Cause] = field(default_factory=dict, hash=False, compare=False)  # per suspect
     # lag from sub-groups (straggler_groups.py): the slow process groups the suspect was intersected from
     groups: tuple[str, ...] = field(default=(), hash=False, compare=False)
+    # each of those groups' members, as compared (the probe names a group by the order of its first use)
+    members: dict[str, tuple[int, ...]] = field(default_factory=dict, hash=False, compare=False)
 
 
 def periods(obs: Sequence[Observation], start: float, end: float) -> dict[int, float]:
@@ -152,7 +154,8 @@ def window_verdict(job: Job, obs: Sequence[Observation], start: float, end: floa
     suspects = tuple(sorted(r for w in same for r in w.suspects))
     return WindowVerdict(start, end, lead.metric, values, suspects, lead.median, lead.threshold, lead.period,
                          lead.slack, lead.periods, {r: c for w in same for r, c in w.causes.items()},
-                         tuple(sorted({g for w in same for g in w.groups})))
+                         tuple(sorted({g for w in same for g in w.groups})),
+                         {g: m for w in same for g, m in w.members.items()})
 
 
 def _group_verdict(job: Job, group: Sequence[int], obs: Sequence[Observation], start: float,
@@ -279,16 +282,25 @@ def _groups_verdict(live: Sequence[int], obs: Sequence[Observation], start: floa
     if slack is not None and slack > SLACK_MAX:
         return None
     return WindowVerdict(start, end, "lag", x.values, (x.origin,), med, med + min(floors[g] for g in mine_slow),
-                         period, slack, periods(obs, start, end), groups=mine_slow)
+                         period, slack, periods(obs, start, end), groups=mine_slow,
+                         members={g: tuple(sorted(per[g][0])) for g in mine_slow})
 
 
 def groups_evidence(w: WindowVerdict, r: int) -> list[Evidence]:
     """Which slow process groups a sub-group lag verdict intersected (none for the other verdicts)."""
     if not w.groups or r not in w.suspects:
         return []
-    return [Evidence("ebpf", f"rank {r} arrives last in every process group it belongs to "
-                     f"({', '.join(w.groups)}): the intersection of the slow groups", rank=r,
-                     data={"groups": list(w.groups)})]
+    return [Evidence("ebpf", f"rank {r} arrives last in every process group it belongs to, "
+                     f"{' and '.join(group_label(g, w.members.get(g, ())) for g in w.groups)}: "
+                     "the intersection of the slow groups", rank=r,
+                     data={"groups": list(w.groups), "members": {g: list(w.members.get(g, ())) for g in w.groups}})]
+
+
+def group_label(name: str, members: Sequence[int]) -> str:
+    """A process group as people know it: by its member ranks (the probe's name, ``gloo:1``, only says
+    it was the rank's second group to be used), the name kept beside them; the name alone when its
+    members are not known."""
+    return f"{ranks_text(members)} ({name})" if members else name
 
 
 def confirm(job: Job, history: Sequence[WindowVerdict], k: int = CONFIRM) -> Incident | None:

@@ -14,6 +14,8 @@ Faults, on --fault-rank at --fault-step:
   tpgather  (tp) calls all_gather in its tensor-parallel group where its partner enters the forward's
             tensor-parallel all-reduce (the other tensor-parallel group passed it)
 --fault-when FILE holds the fault back until FILE exists (e.g. until a watch has attached its probes).
+--slow-rank R --slow-work N: rank R does N extra matrix products per step before its forward (a compute
+straggler: it is late in every process group it belongs to, and its peers wait for it there).
 
 Prints "LAYOUT step N" (rank 0) and "LAYOUT fault KIND rank=R pid=P coords=..." (the bad rank).
 """
@@ -36,6 +38,14 @@ def wait_for_batch_that_never_comes(deadline: float) -> None:
     os._exit(0)
 
 
+def extra_work(n: int) -> float:
+    """The slow rank's extra compute of a step, in a frame of its own."""
+    a = torch.randn(96, 96) / 10
+    for _ in range(n):
+        a = torch.tanh(a @ a)
+    return float(a.mean())
+
+
 def sync_grads(params, group, rank: int, a) -> None:
     """All-reduce the local gradients over the data-parallel group (the desync fault: broadcast)."""
     flat = torch.cat([(p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).reshape(-1)
@@ -55,6 +65,8 @@ def main() -> int:
     ap.add_argument("--fault-when", metavar="FILE",
                     help="the fault comes at the first step from --fault-step on at which FILE exists")
     ap.add_argument("--step-sleep", type=float, default=0.05)
+    ap.add_argument("--slow-rank", type=int, default=-1)
+    ap.add_argument("--slow-work", type=int, default=0, help="the slow rank's extra matrix products per step")
     ap.add_argument("--max-seconds", type=float, default=240)
     a = ap.parse_args()
     deadline = time.time() + a.max_seconds
@@ -148,6 +160,8 @@ def main() -> int:
                 wait_for_batch_that_never_comes(deadline)
             elif a.layout in ("pp", "tp"):
                 report(a, rank, coords)
+        if rank == a.slow_rank:
+            extra_work(a.slow_work)
         step_fn(step)
         time.sleep(a.step_sleep)
         if rank == 0:
