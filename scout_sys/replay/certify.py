@@ -30,7 +30,7 @@ from scout_sys.extras import require
 from scout_sys.replay import checkpoint as ck
 from scout_sys.replay import ledger
 from scout_sys.replay.writers import clock as _clock
-from scout_sys.replay.writers import describe, jobs_of, writer_of
+from scout_sys.replay.writers import describe, jobs_of, new_job, writer_of
 from scout_sys.report import printable
 
 SCHEMA = "scout-sys/certificate/v1"
@@ -200,8 +200,7 @@ def certify(paths: Sequence[str], *, state_dir: str, job: dict[str, Any] | None 
     jobs = jobs_of(lines)
     if job is not None:
         key = job.get("key") or ledger.job_key(job)
-        named = jobs.get(key) or {"key": key, "ident": job, "rounds": [], "uuids": set(), "dirs": set(),
-                                  "checkpoints": {}}
+        named = jobs.get(key) or new_job(key, job)
     out = []
     for p in paths:
         reasons, divergent, nonfinite = _content(p)

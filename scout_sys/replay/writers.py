@@ -33,8 +33,7 @@ def jobs_of(lines: Sequence[dict[str, Any]], *,
     for e in lines:
         ident = e.get("job") or {}
         key = ident.get("key") or ledger.job_key(ident)
-        j = out.setdefault(key, {"key": key, "ident": ident, "rounds": [], "uuids": set(), "dirs": set(),
-                                 "checkpoints": {}, "known": float("-inf"), "ended": None, "first": float(e["time"])})
+        j = out.setdefault(key, new_job(key, ident, float(e["time"])))
         j["ident"] = ident
         t = float(e["time"])
         j["first"] = min(j["first"], float(e.get("started", t)))
@@ -59,6 +58,12 @@ def jobs_of(lines: Sequence[dict[str, Any]], *,
         if j["ended"] is None and alive(j["ident"]):
             j["known"] = float("inf")
     return out
+
+
+def new_job(key: str, ident: dict[str, Any], first: float = float("inf")) -> dict[str, Any]:
+    """A job's record as :func:`jobs_of` gives it, before any of its lines (``first``: its earliest time)."""
+    return {"key": key, "ident": ident, "rounds": [], "uuids": set(), "dirs": set(), "checkpoints": {},
+            "known": float("-inf"), "ended": None, "first": first}
 
 
 def _under(path: str, d: str | None) -> bool:
