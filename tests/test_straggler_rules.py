@@ -281,3 +281,29 @@ def test_a_rank_waiting_half_as_often_as_its_peers_is_named_and_one_waiting_like
     assert set(straggler_window.never_waiting(_job(4), obs, acts)) == {3}
     obs, acts = _window({**base, 3: [w] * 5 + [f] * 7}, states)
     assert straggler_window.never_waiting(_job(4), obs, acts) == {}
+
+
+def test_stack_samples_that_back_a_busy_share_may_be_less_lopsided_than_alone():
+    # CI's miss: a 4x compute straggler on a loaded host caught waiting 5 times in 13 while its peers' median
+    # was 9: too many for the stacks alone (5 * 2 > 9), enough to back its busy share (5 * 1.5 <= 9, and fewer
+    # than any peer), so the two agree and name it
+    w, f = WAIT, _fr("forward", "main")
+    peers = {0: [w] * 9 + [f] * 4, 1: [w] * 9 + [f] * 4, 2: [w] * 10 + [f] * 3}
+    states = dict.fromkeys(range(4), "running")
+    busy = [ProcSample(time=100.0 + t, rank=r, pid=10 + r, status="running",
+                       main_cpu_ns=int(t * 1e9 * (0.85 if r == 3 else 0.35)), main_delay_ns=0)
+            for r in range(4) for t in (0, 4)]
+    obs, acts = _window({**peers, 3: [w] * 5 + [f] * 8}, states)
+    assert straggler_window.never_waiting(_job(4), obs, acts) == {}
+    incidents, notes = straggler_window.in_window(_job(4), obs + busy, acts, (100.0, 104.0))
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("straggler", "attributed", (3,))], (incidents, notes)
+    assert "found waiting in only 5 of 13 samples" in incidents[0].evidence[0].text
+    # the same busy share with stacks nearer its peers' (7 of 13: 7 * 1.5 > 9) stays one measure: inconclusive
+    obs, acts = _window({**peers, 3: [w] * 7 + [f] * 6}, states)
+    incidents, _ = straggler_window.in_window(_job(4), obs + busy, acts, (100.0, 104.0))
+    assert [(i.status, i.ranks) for i in incidents] == [("inconclusive", ())], incidents
+    # seldom enough by the ratio but not the least waiting of its group (a peer waited less): no backing
+    low = {**peers, 0: [w] * 4 + [f] * 9}
+    obs, acts = _window({**low, 3: [w] * 6 + [f] * 7}, states)
+    incidents, _ = straggler_window.in_window(_job(4), obs + busy, acts, (100.0, 104.0))
+    assert [(i.status, i.ranks) for i in incidents] == [("inconclusive", ())], incidents

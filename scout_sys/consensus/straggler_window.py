@@ -40,22 +40,29 @@ WAITED_MIN = 0.4  # share of stack samples in which a rank's peers (their median
 # a peer not yet scheduled): a sample catches it there up to a third of the time. It waits at most half
 # as often as its typical peer.
 SELDOM = 2
+# The stack samples backing another measure that already names the rank (its busy share, its lag): it
+# waited least of its group and at most two thirds as often as its typical peer. A 4x compute straggler
+# waits in ~15% of the samples and its peers in ~65%: with 13 samples the strict ratio above misses it
+# about one window in twenty (own 5 of 13 against 9), this one about one in sixty; a healthy rank passes
+# it about one window in eight, and then only beside a busy share that already names it.
+BACKING = 1.5
 
 
 def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any],
-                  waits: Mapping[int, tuple[float, int, str, int, tuple[int, ...]]] | None = None
-                  ) -> dict[int, tuple[float, int, str, int]]:
+                  waits: Mapping[int, tuple[float, int, str, int, tuple[int, ...]]] | None = None,
+                  seldom: float = SELDOM) -> dict[int, tuple[float, int, str, int]]:
     """From the window's stack samples: ranks found waiting at most half as often as their peers (the median),
     who — themselves progressing (their stacks move), a strict majority of them — were found waiting in more
     than ``WAITED_MIN`` of the samples, in a collective (Gloo) or at their common sync point (the GPU shape);
     peers found in collectives at every sample count as progressing when they exchanged data.
     Only a rank that progresses itself (``running``, not writing a checkpoint) counts: a stuck one is a
     hang. Returns rank -> (samples in which its peers were found waiting, their median; samples; where they
-    waited; samples in which the rank itself was found waiting). ``waits``: :func:`stack_waits`, when read."""
+    waited; samples in which the rank itself was found waiting). ``waits``: :func:`stack_waits`, when read;
+    ``seldom``: how many times more often than the rank its typical peer must have waited."""
     out: dict[int, tuple[float, int, str, int]] = {}
     for r, (waited, k, where, own, peers) in (stack_waits(job, obs) if waits is None else waits).items():
         a = acts.get(r)
-        if waited <= WAITED_MIN * k or own * SELDOM > waited:
+        if waited <= WAITED_MIN * k or own * seldom > waited:
             continue
         if a is None or a.state != "running" or _writes_alone(a, [acts.get(p) for p in peers]):
             continue
@@ -112,6 +119,15 @@ def _wait_place(per_rank: Sequence[Sequence[tuple]]) -> tuple:
     # a tie goes to the collectives: ranks inside one wait by definition, a place may be compute
     best = max(modes, key=lambda x: (modes.count(x), x == ("coll",), sum(place(k) == x for k in keys)))
     return max((k for k in keys if k[0] == "coll"), key=keys.count) if best == ("coll",) else best
+
+
+def _backing(named: Mapping[int, Any], seen: Mapping[int, Any], loose: Mapping[int, tuple[float, int, str, int]],
+             read: Mapping[int, tuple[float, int, str, int, tuple[int, ...]]]
+             ) -> dict[int, tuple[float, int, str, int]]:
+    """The stack samples that back a rank another measure names (:data:`BACKING`): found waiting no more
+    often than any of its peers, and seldom enough by the looser ratio."""
+    return {r: v for r, v in loose.items()
+            if r in named and r not in seen and v[3] <= min(read[p][3] for p in read[r][4])}
 
 
 def _moving(a: Any) -> bool:
@@ -173,6 +189,7 @@ def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], win
     read = stack_waits(job, obs)
     seen = never_waiting(job, obs, acts, read)
     named, causes = measures(job, obs, window[0], window[1])
+    seen.update(_backing(named, seen, never_waiting(job, obs, acts, read, seldom=BACKING), read))
     out: list[Incident] = []
     notes: list[str] = []
     for r in sorted(set(named) | set(seen)):
