@@ -31,11 +31,12 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from benchmarks.consensus_scale import T0, observations  # noqa: E402
 from scout_sys.cluster import answer, heartbeat, wire  # noqa: E402
-from scout_sys.cluster.agent import Agent  # noqa: E402
+from scout_sys.cluster.agent import Agent, AgentConfig  # noqa: E402
 from scout_sys.cluster.answer import Answer  # noqa: E402
 from scout_sys.cluster.merge import ANSWERED, AgentState, decide, merge_job  # noqa: E402
 from scout_sys.consensus import hang  # noqa: E402
 from scout_sys.model import Activity, Job, ProcSample, Rank, StackSample  # noqa: E402
+from scout_sys.watch.config import WatchConfig  # noqa: E402
 
 HUNG_AGENT = 37  # of 64 (fewer agents: the last one)
 
@@ -43,8 +44,10 @@ HUNG_AGENT = 37  # of 64 (fewer agents: the last one)
 class SimAgent(Agent):
     """The real agent loop over synthetic ranks (no processes to probe): counts the bytes it stores."""
 
-    def __init__(self, *a: Any, per: int, **kw: Any) -> None:
-        super().__init__("sim", *a, ebpf=False, say=lambda _t: None, **kw)
+    def __init__(self, store: tuple[str, int], *, nnodes: int, node_rank: int, host_name: str, token: bytes,
+                 per: int) -> None:
+        super().__init__("sim", AgentConfig(store, nnodes, node_rank, host_name, watch=WatchConfig(ebpf=False)),
+                         token=token, say=lambda _t: None)
         self.per = per
         self.sent = {"hb": [0, 0], "win": [0, 0]}  # kind -> [values, bytes]
 

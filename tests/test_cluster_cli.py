@@ -42,14 +42,15 @@ def test_an_agent_started_before_its_leader_joins_and_never_says_rejoined():
     import threading
 
     from scout_sys.cluster import wire
-    from scout_sys.cluster.agent import Agent
+    from scout_sys.cluster.agent import Agent, AgentConfig
     from scout_sys.cluster.store import Store
+    from scout_sys.watch.config import WatchConfig
 
     port, token = free_port(), os.urandom(32)
     server = Store("127.0.0.1", port, serve=True)  # the leader's store, before its run record
     said: list[str] = []
-    agent = Agent("999999999", ("127.0.0.1", port), nnodes=2, node_rank=1, token=token, host_name="b",
-                  ebpf=False, say=said.append)
+    agent = Agent("999999999", AgentConfig(("127.0.0.1", port), nnodes=2, node_rank=1, host_name="b",
+                                           watch=WatchConfig(ebpf=False)), token=token, say=said.append)
     stop = threading.Event()
     t = threading.Thread(target=agent.run, args=(stop,), daemon=True)
     t.start()
@@ -71,7 +72,7 @@ def test_an_agent_started_before_its_leader_joins_and_never_says_rejoined():
         server.close()
 
 
-def test_an_agent_is_configured_by_one_value_or_by_its_settings_one_by_one():
+def test_an_agent_is_configured_by_one_value():
     import pytest
 
     from scout_sys.cluster.agent import Agent, AgentConfig
@@ -81,11 +82,11 @@ def test_an_agent_is_configured_by_one_value_or_by_its_settings_one_by_one():
     token = os.urandom(32)
     config = AgentConfig(("10.0.0.1", 29450), nnodes=2, node_rank=1, host_name="b", watch=WatchConfig(ebpf=False))
     one = Agent("999999999", config, token=token)
-    kw = Agent("999999999", ("10.0.0.1", 29450), nnodes=2, node_rank=1, host_name="b", ebpf=False, token=token)
-    assert one.agent_config == kw.agent_config == config
-    assert (kw.host, kw.port, kw.listen, kw.nnodes, kw.node, kw.name) == ("10.0.0.1", 29450, "10.0.0.1", 2, 1, "b")
-    assert kw.config == WatchConfig(ebpf=False)  # the watch's settings it reads
-    assert Agent("1", config, token=token, listen="0.0.0.0", topology="tp=2").agent_config == AgentConfig(
-        ("10.0.0.1", 29450), 2, 1, "b", listen="0.0.0.0", watch=WatchConfig(ebpf=False, topology="tp=2"))
+    assert one.agent_config == config
+    assert (one.host, one.port, one.listen, one.nnodes, one.node, one.name) == ("10.0.0.1", 29450, "10.0.0.1", 2, 1, "b")
+    assert one.config == WatchConfig(ebpf=False)  # the watch's settings it reads
+    assert Agent("1", AgentConfig(("10.0.0.1", 29450), 2, 1, "b", listen="0.0.0.0"), token=token).listen == "0.0.0.0"
     with pytest.raises(ScoutError, match="--node-rank 2 is not within --nnodes 2"):
-        Agent("1", config, token=token, node_rank=2)
+        Agent("1", AgentConfig(("10.0.0.1", 29450), 2, 2, "b"), token=token)
+    with pytest.raises(TypeError):
+        Agent("1", config, token=token, ebpf=False)  # one value: no settings one by one beside it

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scout_sys.cluster import answer, heartbeat, wire
@@ -64,34 +64,11 @@ class AgentConfig:
     listen: str | None = None
     watch: WatchConfig = field(default_factory=WatchConfig)
 
-    @classmethod
-    def of(cls, store: tuple[str, int], settings: dict[str, Any]) -> AgentConfig:
-        """From settings given one by one (the keyword arguments of earlier callers): this config's
-        fields, ``config`` (a WatchConfig) and the watch's fields (``ebpf=False``) over it."""
-        own, watch = cls._split(settings, WatchConfig())
-        return cls(store=store, watch=watch, **own)
-
-    def with_settings(self, settings: dict[str, Any]) -> AgentConfig:
-        """This config with some settings given one by one, as :meth:`of` takes them."""
-        if not settings:
-            return self
-        own, watch = self._split(settings, self.watch)
-        return replace(self, watch=watch, **own)
-
-    @classmethod
-    def _split(cls, settings: dict[str, Any], watch: WatchConfig) -> tuple[dict[str, Any], WatchConfig]:
-        rest = dict(settings)
-        own = {k: rest.pop(k) for k in [f.name for f in fields(cls)] if k in rest and k != "watch"}
-        return own, (rest.pop("config", None) or watch).with_settings(rest)
-
 
 class Agent:
-    def __init__(self, selector: str, config: AgentConfig | tuple[str, int], *, token: bytes,
-                 say: Callable[[str], None] = _say, clock: Callable[[], float] = time.time, **settings: Any) -> None:
-        """``config``: where the agent stands (:class:`AgentConfig`); or the store's (HOST, PORT), with
-        the rest of it given one by one in ``settings`` (``nnodes=2, node_rank=1, host_name="b",
-        ebpf=False``)."""
-        cfg = config.with_settings(settings) if isinstance(config, AgentConfig) else AgentConfig.of(config, settings)
+    def __init__(self, selector: str, cfg: AgentConfig, *, token: bytes,
+                 say: Callable[[str], None] = _say, clock: Callable[[], float] = time.time) -> None:
+        """``cfg``: where the agent stands, built once from the command line (:class:`AgentConfig`)."""
         self.agent_config = cfg
         store, nnodes, node_rank = cfg.store, cfg.nnodes, cfg.node_rank
         if nnodes < 1 or (node_rank is not None and not 0 <= node_rank < nnodes):
