@@ -95,3 +95,27 @@ def test_a_fixed_stall_after_does_not_back_off():
     windows, _ = _sim(h, T0, T0 + 120, _spin)
     gaps = [b - a for a, b in zip(windows, windows[1:], strict=False)]
     assert gaps and max(gaps) <= 2 * 5.0, gaps  # every stretch of the spinner is looked at, as it always was
+
+
+def test_one_round_takes_the_window_only_when_confirming_and_not_held():
+    """HangWatch.round: the one hang round both watches (one host, cluster) take on a source's reading."""
+    from scout_sys.model import HANG, Incident
+    from scout_sys.watch.hang import Reading
+
+    hung = Incident(kind=HANG, status="attributed", ranks=(2,), hosts=("a",), since=0.0, summary="rank 2")
+    taken: list[float] = []
+
+    def window() -> list[Incident]:
+        taken.append(1.0)
+        return [hung]
+
+    h = HangWatch(stall_after=2.0)
+    d, judged = h.round(10.0, Reading(0.5, STACK), hang_open=False, window=window)
+    assert (d.confirm, judged, taken) == (False, None, [])  # no suspicion: no window
+    d, judged = h.round(11.0, Reading(3.0, STACK, hold=True), hang_open=False, window=window)
+    assert d.suspect and judged is None and taken == []  # held (a native dump pauses ranks): not now
+    d, judged = h.round(12.0, Reading(4.0, STACK), hang_open=False, window=window)
+    assert taken == [1.0] and judged is not None and [(f.kind, f.ranks) for f in judged] == [(HANG, (2,))]
+    assert any(e.data.get("trigger") == STACK for e in judged[0].evidence)  # what raised the suspicion
+    d, judged = h.round(12.5, Reading(0.1, COLLECTIVES, decisive=True), hang_open=False, window=window)
+    assert d.signal == "process state" and d.suspect  # a dead or stopped rank: suspected at once

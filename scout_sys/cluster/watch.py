@@ -27,9 +27,9 @@ from scout_sys.cluster.client import gc_paused
 from scout_sys.cluster.heartbeat import Heartbeat, RankBeat
 from scout_sys.consensus.kinds import HANG_KINDS
 from scout_sys.errors import BadToken, ScoutError, StoreUnreachable
-from scout_sys.model import Diagnosis, Event
+from scout_sys.model import Diagnosis, Event, Incident
 from scout_sys.watch.config import WatchConfig
-from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch
+from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch, Reading
 from scout_sys.watch.incidents import IncidentBook
 from scout_sys.watch.progress import majority_of
 
@@ -117,6 +117,16 @@ class ClusterWatcher:
         now = self.clock()
         beats = client.heartbeats()
         events: list[Event | AgentEvent] = list(self._agents(beats, now))
+        hang_open = bool(self.book.of_kinds(HANG_KINDS))
+        _d, judged = self.hang.round(now, self._reading(beats, now), hang_open=hang_open,
+                                     window=lambda: self._window(client))
+        if judged is not None:
+            unobserved = frozenset(u["rank"] for u in self.cluster.get("not_observed", ()))
+            events += self.book.reconcile(judged, self.clock(), None, unobserved=unobserved)
+        return events
+
+    def _reading(self, beats: dict[int, tuple[Heartbeat | None, str]], now: float) -> Reading:
+        """The heartbeats' reading of the job's progress (watch/hang.py), over the agents not lost."""
         self._seen, missing, settling, dead, finishing = [], False, False, False, False
         stalls: list[tuple[float, str]] = []
         n = 0
@@ -137,16 +147,13 @@ class ClusterWatcher:
             n += len(hb.missing)
         self._ranks = None
         stall, signal = majority_of(stalls, n + len(stalls))
-        hang_open = bool(self.book.of_kinds(HANG_KINDS))
         learning = not (missing or settling or self._lost) and all(hb for hb, _ in beats.values())
-        d = self.hang.decide(now, stall, signal, decisive=missing or dead,
-                             hang_open=hang_open, learning=learning, finishing=finishing)
-        if d.confirm:
-            self.last, self.cluster = client.diagnose(CONFIRM_WINDOW)
-            found = self.hang.judge(now, d, self.last.incidents, stall=stall, hang_open=hang_open)
-            unobserved = frozenset(u["rank"] for u in self.cluster.get("not_observed", ()))
-            events += self.book.reconcile(found, self.clock(), None, unobserved=unobserved)
-        return events
+        return Reading(stall, signal, decisive=missing or dead, learning=learning, finishing=finishing)
+
+    def _window(self, client: Client) -> list[Incident]:
+        """A confirmation window from every agent, judged as ``diagnose --cluster`` judges it."""
+        self.last, self.cluster = client.diagnose(CONFIRM_WINDOW)
+        return list(self.last.incidents)
 
     def _agents(self, beats: dict[int, tuple[Heartbeat | None, str]], now: float) -> list[AgentEvent]:
         out = []

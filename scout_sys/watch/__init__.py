@@ -48,7 +48,7 @@ from scout_sys.replay.live import ReplayPart
 from scout_sys.watch import bundle
 from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.early import EarlyProbes, early_probes
-from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch
+from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch, Reading
 from scout_sys.watch.incidents import IncidentBook
 from scout_sys.watch.progress import Progress, Rotation
 from scout_sys.watch.restart import ENDED, FOUND, SAME, RankFinder, selector_pids
@@ -243,17 +243,14 @@ class Watcher(Sessioned):
         n = len(job.ranks) + len(job.missing)
         stall, signal = self.progress.majority([r.rank for r in job.ranks], n, now)
         hang_open = bool(self.book.of_kinds(HANG_KINDS))
-        d = self.hang.decide(now, stall, signal, decisive=decisive, hang_open=hang_open,
-                             learning=not job.missing and not mon.settling,
-                             desync=not hang_open and self._fingerprints_disagree(mon.job),
-                             finishing=any(p.pid in clean for p in procs))
-        if d.confirm and self._native_dumps:
-            # a bundle's native dump holds ranks right now: a window would judge the pause we caused
-            # (witnesses frozen mid-collective look like a common-mode hang); decide once it is done
-            d = replace(d, confirm=False)
-        if d.confirm:
-            findings = self.hang.judge(now, d, self._confirm(), stall=stall, hang_open=hang_open)
-            findings = [self._with_step_history(f, stall) if commonmode.is_common_mode(f) else f for f in findings]
+        # a bundle's native dump holds ranks right now: a window would judge the pause we caused
+        # (witnesses frozen mid-collective look like a common-mode hang); decide once it is done
+        reading = Reading(stall, signal, decisive=decisive, learning=not job.missing and not mon.settling,
+                          finishing=any(p.pid in clean for p in procs), hold=bool(self._native_dumps),
+                          desync=not hang_open and self._fingerprints_disagree(mon.job))
+        _d, judged = self.hang.round(now, reading, hang_open=hang_open, window=self._confirm)
+        if judged is not None:
+            findings = [self._with_step_history(f, stall) if commonmode.is_common_mode(f) else f for f in judged]
         elif hang_open:
             findings = self.book.of_kinds(HANG_KINDS)  # between two windows the hang stays as it was
         else:

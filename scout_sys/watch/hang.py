@@ -58,7 +58,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from scout_sys.consensus.kinds import HANG_KINDS
@@ -93,6 +93,24 @@ class Decision:
     stall: float  # the majority's no-progress seconds
     signal: str  # which signal says so ("collectives", "main thread", "stack", "process state", ...)
     threshold: float = 0.0  # the stall-after this stretch was compared with
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one poll of a source says of the job's progress: the same whatever the source (one host's
+    ranks, or the agents' heartbeats). ``stall``: the strict majority's no-progress seconds, by
+    ``signal``; ``decisive``: a rank stopped, died or is missing; ``learning``: a healthy stretch may
+    teach ``stall_after`` (every rank there, every probe settled); ``finishing``: a rank ended cleanly;
+    ``desync``: the eBPF fingerprints disagree; ``hold``: a window now would judge a pause the watch
+    caused itself (a bundle's native dump holds ranks)."""
+
+    stall: float
+    signal: str
+    decisive: bool = False
+    learning: bool = False
+    finishing: bool = False
+    desync: bool = False
+    hold: bool = False
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -278,6 +296,17 @@ class HangWatch:
         self._held = unnamed
         return hold
 
+
+    def round(self, now: float, r: Reading, *, hang_open: bool,
+              window: Callable[[], Sequence[Incident]]) -> tuple[Decision, list[Incident] | None]:
+        """One poll's hang round, as both watches take it: :meth:`decide` on the source's reading and,
+        when that confirms, the source's stack ``window`` judged (:meth:`judge`). Returns the decision
+        and the window's findings as judged (None: no window was taken)."""
+        d = self.decide(now, r.stall, r.signal, decisive=r.decisive, hang_open=hang_open, learning=r.learning,
+                        desync=r.desync, finishing=r.finishing)
+        if not d.confirm or r.hold:
+            return d, None
+        return d, self.judge(now, d, window(), stall=r.stall, hang_open=hang_open)
 
     def judge(self, now: float, d: Decision, found: Sequence[Incident], *, stall: float,
               hang_open: bool) -> list[Incident]:
