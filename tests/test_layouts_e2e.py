@@ -162,3 +162,16 @@ def test_tensor_parallel_hang_across_groups(tp_job):
     assert _coords_evidence(d, 2) == {"dp": 1, "tp": 0}
     ranks = {r["rank"]: r for r in d["job"]["ranks"]}
     assert "wait_tensor" in ranks[3]["collective"], ranks[3]
+
+
+@pytest.mark.xdist_group("layout-tp")
+def test_dtensor_dp2_tp2_hang_named_without_topology(tp_job):
+    # the same hang with nothing on the command line (the wait-for graph: tests/test_waitfor_e2e.py's
+    # subject): rank 0 waits for rank 2 in the dp all-reduce, rank 3 in the functional (DTensor)
+    # all-reduce's wait_tensor, rank 1 for rank 3 in its dp all-reduce
+    job, go = tp_job
+    _fault(job, go)  # already there after the test above; alone (-k), this brings it
+    rc, d = _diagnose(job.pid)
+    assert origins(d) == [("hang", "attributed", [2])], d["incidents"]
+    chains = [e["chain"] for e in d["incidents"][0]["evidence"] if "chain" in e]
+    assert [1, 3, 2] in chains, chains
