@@ -12,7 +12,7 @@ import time
 import pytest
 
 from scout_sys.job import find_job
-from tests.conftest import JOBS, diagnose_json, origins, scout, settle
+from tests.conftest import JOBS, diagnose_json, job_with_go_file, origins, scout, settle
 
 pytestmark = pytest.mark.slow
 
@@ -231,16 +231,8 @@ OTHER = os.path.join(JOBS, "other_trainer.py")
 def unseen_hang_later(tmp_path_factory):
     """One job of the unseen trainer for its healthy test and then its hang (rank 1, once the go-file
     exists): one launch instead of two. Yields (job, go-file)."""
-    from scout_sys.demo.launch import DemoJob
-
-    go = tmp_path_factory.mktemp("unseen") / "go"
-    job = DemoJob(4, script=OTHER, args=["--fault", "hang", "--fault-rank", "1", "--fault-when", str(go)])
-    job.start()
-    try:
-        yield job, go
-    finally:
-        job.stop()
-        assert job.pids() == [], "processes of the unseen trainer's job left behind"
+    yield from job_with_go_file(tmp_path_factory, "unseen-trainer", lambda go: [
+        "--fault", "hang", "--fault-rank", "1", "--fault-when", str(go)], script=OTHER)
 
 
 @pytest.mark.xdist_group("unseen-hang-later")

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tests.conftest import JOBS, origins, scout, settle
+from tests.conftest import JOBS, job_with_go_file, origins, scout, settle
 
 pytestmark = pytest.mark.slow
 LAYOUTS = os.path.join(JOBS, "layouts.py")
@@ -28,17 +28,9 @@ def _diagnose(pid: int, *extra: str, window: float = 2.5) -> tuple[int, dict]:
 def _layout_job(tmp_path_factory, nproc: int, layout: str, fault: str, rank: int):
     """One job per layout for its healthy test and then its fault (held back until the go-file exists,
     which the fault test creates): one launch instead of two. Yields (job, go-file)."""
-    from scout_sys.demo.launch import DemoJob
-
-    go = tmp_path_factory.mktemp(layout) / "go"
-    job = DemoJob(nproc, script=LAYOUTS, args=["--layout", layout, "--fault", fault, "--fault-rank", str(rank),
-                                               "--fault-when", str(go)])
-    job.start()
-    try:
-        yield job, go
-    finally:
-        job.stop()
-        assert job.pids() == [], f"processes of the {layout} job left behind"
+    yield from job_with_go_file(tmp_path_factory, layout, lambda go: [
+        "--layout", layout, "--fault", fault, "--fault-rank", str(rank), "--fault-when", str(go)],
+        nproc=nproc, script=LAYOUTS)
 
 
 def _fault(job, go) -> None:

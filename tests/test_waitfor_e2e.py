@@ -25,7 +25,7 @@ import time
 import pytest
 
 from scout_sys.consensus.peers import LEARNED
-from tests.conftest import JOBS, origins, scout
+from tests.conftest import JOBS, job_with_go_file, origins, scout
 from tests.test_watch import watch_cli  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow
@@ -43,16 +43,8 @@ def _diagnose(pid: int, window: float = 2.5) -> tuple[int, dict]:
 def megatron_lock_later(tmp_path_factory):
     """One Megatron-Core job for the healthy test and then its fault: rank 2 blocks on its lock once the
     go-file exists (one launch of four ranks importing Megatron instead of two). Yields (job, go-file)."""
-    from scout_sys.demo.launch import DemoJob
-
-    go = tmp_path_factory.mktemp("megatron") / "go"
-    job = DemoJob(4, script=MEGATRON, args=["--fault", "lock", "--fault-rank", "2", "--fault-when", str(go)])
-    job.start()
-    try:
-        yield job, go
-    finally:
-        job.stop()
-        assert job.pids() == [], "processes of the Megatron job left behind"
+    yield from job_with_go_file(tmp_path_factory, "megatron", lambda go: [
+        "--fault", "lock", "--fault-rank", "2", "--fault-when", str(go)], script=MEGATRON)
 
 
 @pytest.mark.xdist_group("megatron-lock")
