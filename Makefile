@@ -45,10 +45,9 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml | system
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
-# Then, for make test only, what only the tests need.
+# Then, for make test only, what only the tests need (one pip run: one start-up and one resolve of both lists).
 $(TSTAMP): $(STAMP) requirements-test.txt requirements-frameworks.txt
-	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -r requirements-test.txt
-	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -r requirements-frameworks.txt
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -r requirements-test.txt -r requirements-frameworks.txt
 	touch $@
 
 # bcc from the distro, kernel headers (linked when the running kernel has none), debugfs;

@@ -83,6 +83,27 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.line(f"SKIPPED {rep.nodeid or rep.fspath}: {skip_reason(rep)}")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--dist loadgroup`` (make test's parallel part): a test marked ``xdist_group(name)`` gets
+    ``@name`` at the end of its node id, the scope pytest-xdist's scheduler keeps on one worker.
+    pytest-xdist 3.8 writes that id to ``item._nodeid``, which pytest 9 no longer reads (the id is
+    ``item._id``): every group was split over both workers, each starting its own copy of the
+    module's shared job. Here the id is set where pytest 9 reads it (a no-op where xdist's own works)."""
+    if not getattr(config.option, "loadgroup", False):  # set on xdist's workers under --dist loadgroup
+        return
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # an older pytest: xdist's own suffix works there
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix) and hasattr(item, "_id"):
+            item._id = NodeId.parse(item.nodeid + suffix)
+
+
 @pytest.fixture
 def start_job():
     """``start_job(nproc, fault=..., ...)`` → a started DemoJob, stopped at teardown."""
@@ -98,6 +119,20 @@ def start_job():
         j.stop()
     for j in jobs:
         assert j.pids() == [], f"processes of job {j.id} left behind"
+
+
+def job_with_go_file(tmp_path_factory, name: str, args, nproc: int = 4, **kw):
+    """For a module-scoped fixture: a job for a healthy test and then its fault, which waits for a
+    go-file (``args(go)`` → the job's arguments); stopped, and checked gone, at the module's end.
+    Yields (job, go-file)."""
+    go = tmp_path_factory.mktemp(name) / "go"
+    job = DemoJob(nproc, args=args(go), **kw)
+    job.start()
+    try:
+        yield job, go
+    finally:
+        job.stop()
+        assert job.pids() == [], f"processes of the {name} job left behind"
 
 
 def _rank_pids(job: DemoJob) -> list[int]:

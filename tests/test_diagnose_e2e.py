@@ -12,22 +12,41 @@ import time
 import pytest
 
 from scout_sys.job import find_job
-from tests.conftest import JOBS, diagnose_json, origins, scout, settle
+from tests.conftest import JOBS, diagnose_json, job_with_go_file, origins, scout, settle
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def stopped_rank_1():
+    """A 4-rank job whose rank 1 stopped itself (SIGSTOP), settled: diagnose only reads it, so the stop
+    case of the each-fault test and the process-group selector share it (one launch instead of two)."""
+    from scout_sys.demo.launch import DemoJob
+
+    job = DemoJob(4, fault="stop", fault_rank=1)
+    job.start()
+    try:
+        settle(job, job.wait_fault())
+        yield job
+    finally:
+        job.stop()
+        assert job.pids() == [], "processes of the stopped-rank job left behind"
 
 
 @pytest.mark.parametrize(
     "fault,rank,kind",
     [
-        ("stop", 1, "process_stall"),
+        pytest.param("stop", 1, "process_stall", marks=pytest.mark.xdist_group("stopped-rank-1")),
         ("busy", 3, "hang"),
         ("desync", 2, "collective_desync"),
     ],
 )
-def test_torchrun_4_ranks_each_fault(start_job, fault, rank, kind):  # a hang: test_a_hang_is_named_...
-    job = start_job(4, fault=fault, fault_rank=rank)
-    settle(job, job.wait_fault())
+def test_torchrun_4_ranks_each_fault(start_job, request, fault, rank, kind):  # a hang: test_a_hang_is_named_...
+    if fault == "stop":
+        job = request.getfixturevalue("stopped_rank_1")
+    else:
+        job = start_job(4, fault=fault, fault_rank=rank)
+        settle(job, job.wait_fault())
     _named_with_its_witnesses(job, rank, kind)
 
 
@@ -137,12 +156,13 @@ def test_diagnose_options_and_the_pid_list_selector(hang_later) -> None:
     assert [e["rank"] for e in native] == [2] and native[0]["stack"], native
 
 
-def test_selecting_by_process_group(start_job):
-    job = start_job(4, fault="stop", fault_rank=3)
-    settle(job, job.wait_fault())
+@pytest.mark.xdist_group("stopped-rank-1")
+def test_selecting_by_process_group(stopped_rank_1):
+    job = stopped_rank_1
     rc, d = diagnose_json(f"pgid:{os.getpgid(job.pid)}")
     assert rc == 1
-    assert origins(d) == [("process_stall", "attributed", [3])]
+    assert origins(d) == [("process_stall", "attributed", [1])]
+    assert {r["rank"] for r in d["job"]["ranks"]} == {0, 1, 2, 3}
 
 
 def test_torchrun_exit_while_launcher_has_not_reaped_it(start_job):
@@ -207,8 +227,27 @@ def test_plain_shell_job_where_one_rank_exits_and_the_others_hang(start_job):
 OTHER = os.path.join(JOBS, "other_trainer.py")
 
 
-def test_unseen_ddp_trainer_hang(start_job):
-    job = start_job(4, script=OTHER, args=["--fault", "hang", "--fault-rank", "1"])
+@pytest.fixture(scope="module")
+def unseen_hang_later(tmp_path_factory):
+    """One job of the unseen trainer for its healthy test and then its hang (rank 1, once the go-file
+    exists): one launch instead of two. Yields (job, go-file)."""
+    yield from job_with_go_file(tmp_path_factory, "unseen-trainer", lambda go: [
+        "--fault", "hang", "--fault-rank", "1", "--fault-when", str(go)], script=OTHER)
+
+
+@pytest.mark.xdist_group("unseen-hang-later")
+def test_unseen_ddp_trainer_healthy(unseen_hang_later):
+    job, go = unseen_hang_later
+    assert not go.exists()
+    job.wait_for(r"OTHER step 10")
+    rc, d = diagnose_json(job.pid)
+    assert (rc, d["incidents"]) == (0, []), d
+
+
+@pytest.mark.xdist_group("unseen-hang-later")
+def test_unseen_ddp_trainer_hang(unseen_hang_later):
+    job, go = unseen_hang_later
+    go.touch()
     job.wait_for(r"OTHER fault hang")
     settle(job)
     rc, d = diagnose_json(job.pid)
@@ -222,10 +261,3 @@ def test_unseen_trainer_exit_under_shell(start_job):
     settle(job)
     rc, d = diagnose_json(job.pid)
     assert origins(d) == [("process_exit", "attributed", [3])]
-
-
-def test_unseen_ddp_trainer_healthy(start_job):
-    job = start_job(4, script=OTHER)
-    job.wait_for(r"OTHER step 10")
-    rc, d = diagnose_json(job.pid)
-    assert (rc, d["incidents"]) == (0, []), d

@@ -103,30 +103,10 @@ def test_desync_in_the_gpu_shape_is_named_from_the_collective_sequence(start_job
     assert all(ranks in ((), (2,)) for _k, _s, ranks in opened), opened
 
 
-def test_two_node_job_seen_from_node_0_never_blames_a_local_rank(tmp_path):
-    """Two torchrun launchers on one machine (static rendezvous), 2 ranks each; rank 3 (node 1) hangs."""
-    port = free_port()
-    jobs = [DemoJob(2, fault="hang", fault_rank=3, args=["--sync", "spin"], port=port, nnodes=2, node_rank=k)
-            for k in (0, 1)]
-    try:
-        for j in jobs:
-            j.start()
-        jobs[1].wait_fault(timeout=120)
-        settle(jobs[0], parked_in="wait_for_buckets")
-        rc, d = diagnose_json(jobs[0].pid)
-        assert {r["rank"] for r in d["job"]["ranks"]} == {0, 1}
-        assert d["job"]["not_observed"] == [2, 3]
-        assert any("ranks 2-3 run on other hosts" in n for n in d["notes"]), d["notes"]
-        # never healthy: both ranks here spin at one sync point all window, the origin is on node 1
-        assert rc == 1, d
-        assert origins(d) == [("hang", "inconclusive", [])], d["incidents"]
-        assert "common-mode hang" in d["incidents"][0]["summary"], d["incidents"][0]["summary"]
-        assert "ranks 2-3 on other hosts" in d["incidents"][0]["summary"], d["incidents"][0]["summary"]
-    finally:
-        for j in jobs:
-            j.stop()
-        for j in jobs:
-            assert j.pids() == []
+# A two-node spin job seen from node 0 never blames a local rank: the serial test below, whose faulty rank
+# on node 1 stops itself (from node 0 a hang there looks the same: ranks 0-1 spin at one sync point); its
+# diagnose also checks the ranks not observed and the note that says so (they were a test of their own
+# on a second two-node job).
 
 
 @pytest.mark.serial  # a healthy spinning job must stay quiet: load-sensitive, run alone
@@ -155,7 +135,9 @@ def test_two_node_spin_job_stopped_on_node_1_is_a_common_mode_hang_in_diagnose_a
         faulty = jobs[1].wait_fault(timeout=60)
         settle(jobs[0], faulty, parked_in="wait_for_buckets")
         rc, d = diagnose_json(jobs[0].pid)
-        assert rc == 1 and origins(d) == [("hang", "inconclusive", [])], d["incidents"]
+        assert rc == 1 and origins(d) == [("hang", "inconclusive", [])], d["incidents"]  # never a local rank
+        assert {r["rank"] for r in d["job"]["ranks"]} == {0, 1} and d["job"]["not_observed"] == [2, 3], d["job"]
+        assert any("ranks 2-3 run on other hosts" in n for n in d["notes"]), d["notes"]
         summary = d["incidents"][0]["summary"]
         assert "common-mode hang" in summary and "ranks 2-3 on other hosts, not observed here" in summary, summary
         assert "progress signals available: main-thread stacks" in summary and "none moved" in summary, summary

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tests.conftest import JOBS, origins, scout, settle
+from tests.conftest import JOBS, job_with_go_file, origins, scout, settle
 
 pytestmark = pytest.mark.slow
 LAYOUTS = os.path.join(JOBS, "layouts.py")
@@ -28,17 +28,9 @@ def _diagnose(pid: int, *extra: str, window: float = 2.5) -> tuple[int, dict]:
 def _layout_job(tmp_path_factory, nproc: int, layout: str, fault: str, rank: int):
     """One job per layout for its healthy test and then its fault (held back until the go-file exists,
     which the fault test creates): one launch instead of two. Yields (job, go-file)."""
-    from scout_sys.demo.launch import DemoJob
-
-    go = tmp_path_factory.mktemp(layout) / "go"
-    job = DemoJob(nproc, script=LAYOUTS, args=["--layout", layout, "--fault", fault, "--fault-rank", str(rank),
-                                               "--fault-when", str(go)])
-    job.start()
-    try:
-        yield job, go
-    finally:
-        job.stop()
-        assert job.pids() == [], f"processes of the {layout} job left behind"
+    yield from job_with_go_file(tmp_path_factory, layout, lambda go: [
+        "--layout", layout, "--fault", fault, "--fault-rank", str(rank), "--fault-when", str(go)],
+        nproc=nproc, script=LAYOUTS)
 
 
 def _fault(job, go) -> None:
@@ -162,3 +154,16 @@ def test_tensor_parallel_hang_across_groups(tp_job):
     assert _coords_evidence(d, 2) == {"dp": 1, "tp": 0}
     ranks = {r["rank"]: r for r in d["job"]["ranks"]}
     assert "wait_tensor" in ranks[3]["collective"], ranks[3]
+
+
+@pytest.mark.xdist_group("layout-tp")
+def test_dtensor_dp2_tp2_hang_named_without_topology(tp_job):
+    # the same hang with nothing on the command line (the wait-for graph: tests/test_waitfor_e2e.py's
+    # subject): rank 0 waits for rank 2 in the dp all-reduce, rank 3 in the functional (DTensor)
+    # all-reduce's wait_tensor, rank 1 for rank 3 in its dp all-reduce
+    job, go = tp_job
+    _fault(job, go)  # already there after the test above; alone (-k), this brings it
+    rc, d = _diagnose(job.pid)
+    assert origins(d) == [("hang", "attributed", [2])], d["incidents"]
+    chains = [e["chain"] for e in d["incidents"][0]["evidence"] if "chain" in e]
+    assert [1, 3, 2] in chains, chains

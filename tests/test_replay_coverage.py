@@ -53,13 +53,17 @@ def test_a_job_watched_from_launch_has_its_last_checkpoint_certified(start_job, 
     assert c["job"]["cwd"] == str(tmp_path)
 
 
-def _save(path) -> None:
+def _save(*paths) -> None:
+    """A torch.save checkpoint at each path, in one process (torch is imported once: ~2.5 s a start on
+    2 loaded cores), each written after the previous, and all before this returns."""
     import subprocess
     import sys
 
-    code = ("import sys, torch; g = torch.Generator().manual_seed(0); "
-            "torch.save({'w': torch.randn(8, 8, generator=g)}, sys.argv[1])")
-    subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=120)
+    code = ("import sys, time, torch\n"
+            "for p in sys.argv[1:]:\n"
+            "    g = torch.Generator().manual_seed(0); torch.save({'w': torch.randn(8, 8, generator=g)}, p)\n"
+            "    time.sleep(0.05)\n")
+    subprocess.run([sys.executable, "-c", code, *map(str, paths)], check=True, timeout=120)
     time.sleep(0.05)
 
 
@@ -68,9 +72,7 @@ def test_two_jobs_sharing_a_state_dir_judge_only_their_own_checkpoints(start_job
     env_rank = f"{REPO}/tests/jobs/env_rank.py"
     for d in ("a", "b", "nobody"):
         (tmp_path / d).mkdir()
-    _save(tmp_path / "a" / "step_1.pt")
-    _save(tmp_path / "b" / "step_1.pt")
-    _save(tmp_path / "nobody" / "step_1.pt")
+    _save(*(tmp_path / d / "step_1.pt" for d in ("a", "b", "nobody")))
     jobs = {}
     for name, rank in (("a", "2"), ("b", "-1")):
         jobs[name] = start_job(3, script=env_rank, args=[rank, "ATEN_CPU_CAPABILITY=default", "--", "--step-time",
@@ -81,28 +83,28 @@ def test_two_jobs_sharing_a_state_dir_judge_only_their_own_checkpoints(start_job
         out = scout("replay", "--job", str(jobs[name].pid), "--rounds", "1", "--size", "small", "--reps", "5",
                     "--state-dir", str(tmp_path / "state"), "--json", timeout=300)
         assert out.returncode == want, out.stdout + out.stderr
-    for d in ("a", "b", "nobody"):
-        _save(tmp_path / d / "step_2.pt")
+    _save(*(tmp_path / d / "step_2.pt" for d in ("a", "b", "nobody")))
 
-    def status(path, *extra):
-        out = scout("certify", str(path), "--state-dir", str(tmp_path / "state"), "--json", *extra, timeout=120)
-        (c,) = json.loads(out.stdout)["checkpoints"]
-        return c
+    def status(*paths, extra=()):
+        out = scout("certify", *map(str, paths), "--state-dir", str(tmp_path / "state"), "--json", *extra,
+                    timeout=120)
+        got = json.loads(out.stdout)["checkpoints"]
+        assert [c["path"] for c in got] == list(map(str, paths)), got
+        return got
 
-    b = status(tmp_path / "b" / "step_2.pt")
+    # one certify of the three (each checkpoint is judged on its own: replay/certify.py), as three would
+    b, a, n = status(*(tmp_path / d / "step_2.pt" for d in ("b", "a", "nobody")))
     assert b["status"] == "certified" and not any("sdc" in r for r in b["reasons"]), b
-    a = status(tmp_path / "a" / "step_2.pt")
     assert a["status"] == "rejected" and any("sdc on cpu/rank2" in r for r in a["reasons"]), a
-    n = status(tmp_path / "nobody" / "step_2.pt")
     assert (n["status"], n["job"]) == ("unverified", None), n  # b's clean round does not certify it
     assert "no job in the replay ledger wrote it" in n["reasons"][0]
-    named = status(tmp_path / "nobody" / "step_2.pt", "--job", str(jobs["b"].pid))  # b wrote it, says its user
+    (named,) = status(tmp_path / "nobody" / "step_2.pt", extra=("--job", str(jobs["b"].pid)))  # b wrote it, says its user
     assert named["status"] == "certified" and named["job"]["matched"] == "named with --job", named
     # a's job ends; the same script relaunched in a/, never watched, writes step_3: a's sdc round is
     # about a's checkpoints, not this one (the ledger last saw a before step_3 was written)
     jobs["a"].stop()
     _save(tmp_path / "a" / "step_3.pt")
-    a3 = status(tmp_path / "a" / "step_3.pt")
+    (a3,) = status(tmp_path / "a" / "step_3.pt")
     assert (a3["status"], a3["job"]) == ("unverified", None) and not any("sdc" in r for r in a3["reasons"]), a3
 
 

@@ -25,7 +25,7 @@ import time
 import pytest
 
 from scout_sys.consensus.peers import LEARNED
-from tests.conftest import JOBS, origins, scout
+from tests.conftest import JOBS, job_with_go_file, origins, scout
 from tests.test_watch import watch_cli  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow
@@ -39,15 +39,27 @@ def _diagnose(pid: int, window: float = 2.5) -> tuple[int, dict]:
     return out.returncode, json.loads(out.stdout)
 
 
-def test_megatron_dp2_tp2_healthy(start_job):
-    job = start_job(4, script=MEGATRON, args=[])
+@pytest.fixture(scope="module")
+def megatron_lock_later(tmp_path_factory):
+    """One Megatron-Core job for the healthy test and then its fault: rank 2 blocks on its lock once the
+    go-file exists (one launch of four ranks importing Megatron instead of two). Yields (job, go-file)."""
+    yield from job_with_go_file(tmp_path_factory, "megatron", lambda go: [
+        "--fault", "lock", "--fault-rank", "2", "--fault-when", str(go)], script=MEGATRON)
+
+
+@pytest.mark.xdist_group("megatron-lock")
+def test_megatron_dp2_tp2_healthy(megatron_lock_later):
+    job, go = megatron_lock_later
+    assert not go.exists()
     job.wait_for(r"MEGATRON step 5", timeout=150)
     rc, d = _diagnose(job.pid)
     assert (rc, d["status"], d["incidents"]) == (0, "healthy", []), d
 
 
-def test_megatron_dp2_tp2_lock_named_by_the_wait_for_graph(start_job):
-    job = start_job(4, script=MEGATRON, args=["--fault", "lock", "--fault-rank", "2"])
+@pytest.mark.xdist_group("megatron-lock")
+def test_megatron_dp2_tp2_lock_named_by_the_wait_for_graph(megatron_lock_later):
+    job, go = megatron_lock_later
+    go.touch()
     job.wait_for(r"MEGATRON fault lock rank=2", timeout=150)
     time.sleep(2.0)
     rc, d = _diagnose(job.pid)
@@ -72,16 +84,8 @@ def test_megatron_lock_opens_in_watch(start_job, watch_cli):  # noqa: F811
     assert w.opened() == [("hang", "attributed", [1])], w.events
 
 
-def test_dtensor_dp2_tp2_hang_named_without_topology(start_job):
-    # rank 2 stops feeding its steps: rank 0 waits for it in the dp all-reduce, rank 3 in the functional
-    # (DTensor) all-reduce's wait_tensor, rank 1 for rank 3 in its dp all-reduce
-    job = start_job(4, script=LAYOUTS, args=["--layout", "tp", "--fault", "hang", "--fault-rank", "2"])
-    job.wait_for(r"LAYOUT fault hang rank=2", timeout=150)
-    time.sleep(2.0)
-    rc, d = _diagnose(job.pid)
-    assert origins(d) == [("hang", "attributed", [2])], d["incidents"]
-    chains = [e["chain"] for e in d["incidents"][0]["evidence"] if "chain" in e]
-    assert [1, 3, 2] in chains, chains
+# The DTensor dp=2 x tp=2 hang named without --topology by the wait-for graph is
+# tests/test_layouts_e2e.py::test_dtensor_dp2_tp2_hang_named_without_topology, on that file's tp job.
 
 
 def _wait_probe_up(port: int, probe: str, timeout: float) -> None:

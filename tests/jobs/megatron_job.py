@@ -11,6 +11,9 @@ Faults, on --fault-rank at --fault-step:
   stop    sends itself SIGSTOP after its step
   slow    computes --slow-seconds more than its peers every step from then on (a straggler)
 
+--fault-when PATH: the fault (lock or stop) comes at the first step from --fault-step on once PATH
+exists (one job serves a healthy test, then its fault).
+
 Prints "MEGATRON step N" (rank 0) and "MEGATRON fault KIND rank=R pid=P" (the bad rank).
 """
 
@@ -42,6 +45,7 @@ def main() -> int:
     ap.add_argument("--fault-step", type=int, default=3)
     ap.add_argument("--step-sleep", type=float, default=0.05)
     ap.add_argument("--max-seconds", type=float, default=240)
+    ap.add_argument("--fault-when", default=None)
     a = ap.parse_args()
     deadline = time.time() + a.max_seconds
     warnings.simplefilter("ignore")
@@ -79,7 +83,8 @@ def main() -> int:
             if step == a.fault_step:
                 print(f"MEGATRON fault slow rank={rank} pid={os.getpid()}", flush=True)
             extra_compute(a.slow_seconds)
-        elif rank == a.fault_rank and step == a.fault_step and a.fault != "none":
+        elif rank == a.fault_rank and a.fault != "none" and (
+                step >= a.fault_step and os.path.exists(a.fault_when) if a.fault_when else step == a.fault_step):
             print(f"MEGATRON fault {a.fault} rank={rank} pid={os.getpid()}", flush=True)
             if a.fault == "lock":
                 lock.acquire(timeout=max(0.0, deadline - time.time()))

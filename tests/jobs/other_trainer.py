@@ -1,5 +1,6 @@
 """A trainer the detector was not written against: DDP, an embedding model, other call sites,
-other fault mechanisms. Run by the tests under torchrun or a plain shell."""
+other fault mechanisms. Run by the tests under torchrun or a plain shell. ``--fault-when PATH``: the
+fault comes at the first step from --fault-step on once PATH exists (a healthy test first, on one job)."""
 
 import argparse
 import os
@@ -34,6 +35,7 @@ def main():
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=4)
     p.add_argument("--max-seconds", type=float, default=300)
+    p.add_argument("--fault-when", default=None)
     a = p.parse_args()
     deadline = time.time() + a.max_seconds
     torch.set_num_threads(1)
@@ -43,7 +45,8 @@ def main():
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     step = 0
     while time.time() < deadline:
-        if rank == a.fault_rank and step == a.fault_step and a.fault != "none":
+        if rank == a.fault_rank and a.fault != "none" and (
+                step >= a.fault_step and os.path.exists(a.fault_when) if a.fault_when else step == a.fault_step):
             print(f"OTHER fault {a.fault} rank={rank} pid={os.getpid()}", flush=True)
             if a.fault == "hang":
                 fetch_shard_from_object_store(deadline)
