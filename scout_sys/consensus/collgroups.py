@@ -1,0 +1,62 @@
+"""Which process group a collective sample is of, across ranks: by its members where the probe read them.
+
+The collective probe names each rank's groups by first use (``gloo:0``, ``gloo:1``): on a dp x tp job
+both tensor-parallel groups are ``gloo:0`` on their members, so comparing collectives by that name
+pairs rank 0's tensor-parallel all-reduce #43 with rank 2's, two groups that never wait for each other.
+Where the probe read the group's members (``CollectiveSample.members``, probes/ebpf/glooranks.py), a
+group is named by them, ``gloo[2,3]``; two groups of one rank with the same members keep the probe's
+name beside them; a group whose members are unknown keeps the probe's name alone (and may still mix
+groups: straggler.py then drops a lag longer than the interval between the group's collectives).
+
+Pure: no I/O, no clocks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+
+from scout_sys.model import CollectiveSample
+from scout_sys.text import ranks_text
+
+
+def keys(obs: Iterable[object]) -> dict[tuple[int, str], str]:
+    """(rank, the probe's group name) -> the group's name across ranks (see the module's docstring)."""
+    seen: dict[tuple[int, str], CollectiveSample] = {}
+    for o in obs:
+        if isinstance(o, CollectiveSample):
+            seen[(o.rank, o.group)] = o
+    twice = Counter((r, o.backend, o.members) for (r, _g), o in seen.items() if o.members)
+    out: dict[tuple[int, str], str] = {}
+    for (r, g), o in seen.items():
+        if not o.members:
+            out[(r, g)] = g
+        else:
+            name = member_name(o.backend, o.members)
+            out[(r, g)] = name if twice[(r, o.backend, o.members)] == 1 else f"{name}{g}"
+    return out
+
+
+def member_name(backend: str, members: Sequence[int]) -> str:
+    return f"{backend}[{','.join(map(str, members))}]"
+
+
+def known(name: str) -> bool:
+    """A name given by members (one real group), not the probe's own numbering."""
+    return "[" in name
+
+
+def label(name: str, members: Sequence[int]) -> str:
+    """A process group as people know it: by its member ranks; the probe's name beside them only when
+    the members are not what names it (``ranks 0, 1 (gloo:1)``); the name alone when no members are known."""
+    if not members:
+        return name
+    return ranks_text(members) if known(name) and "]" == name[-1] else f"{ranks_text(members)} ({name})"
+
+
+def members_of(samples: Mapping[tuple[int, str], CollectiveSample], name: str, ks: Mapping[tuple[int, str], str]
+               ) -> tuple[int, ...]:
+    """A group's members: as read by the probe, else the ranks seen calling it."""
+    mine = [s for k, s in samples.items() if ks.get(k) == name]
+    read = next((s.members for s in mine if s.members), ())
+    return read or tuple(sorted({s.rank for s in mine}))
