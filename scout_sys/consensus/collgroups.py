@@ -14,7 +14,7 @@ Pure: no I/O, no clocks.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 from scout_sys.model import CollectiveSample
 from scout_sys.text import ranks_text
@@ -54,9 +54,18 @@ def label(name: str, members: Sequence[int]) -> str:
     return ranks_text(members) if known(name) and "]" == name[-1] else f"{ranks_text(members)} ({name})"
 
 
-def members_of(samples: Mapping[tuple[int, str], CollectiveSample], name: str, ks: Mapping[tuple[int, str], str]
-               ) -> tuple[int, ...]:
-    """A group's members: as read by the probe, else the ranks seen calling it."""
-    mine = [s for k, s in samples.items() if ks.get(k) == name]
-    read = next((s.members for s in mine if s.members), ())
-    return read or tuple(sorted({s.rank for s in mine}))
+def label_of(name: str, samples: Iterable[CollectiveSample]) -> str:
+    """The probe's (aligned) group ``name`` as people know it, over ``samples`` of it: each real group
+    behind it by its members, ``ranks 0-1 and ranks 2-3 (gloo:1)``; the name alone when some sample's
+    members are not known."""
+    sets = [s.members for s in samples]
+    if not sets or not all(sets):
+        return name
+    return f"{' and '.join(ranks_text(m) for m in sorted(set(sets)))} ({name})"
+
+
+def position(name: str, samples: Iterable[CollectiveSample], pos: int) -> str:
+    """A position of the group's sequence: ``#5 of ranks 2-3 (gloo:1)``; ``gloo:1 #5`` when members are
+    not known."""
+    where = label_of(name, samples)
+    return f"#{pos} of {where}" if where != name else f"{name} #{pos}"
