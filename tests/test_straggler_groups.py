@@ -132,3 +132,23 @@ def test_a_lag_longer_than_the_interval_between_collectives_of_an_unread_group_i
     assert straggler._lags(obs, [0, 1, 2, 3], T0 - 0.1, T0 + 2) == ({}, None)
     w = straggler.window_verdict(_job(), obs, T0 - 0.1, T0 + 2)
     assert w.metric != "lag" or (w.period and all(v - w.median < w.period for v in w.values.values())), w
+
+
+def test_nccl_groups_are_told_apart_by_the_communicators_the_comms_probe_matched():
+    """NCCL: the collective probe reads no members, but each call's communicator (``group_ptr``) was
+    matched to its group at creation (ProcessGroupSample.handles): the same intersection."""
+    from dataclasses import replace
+
+    from scout_sys.model import ProcessGroupSample
+
+    groups = ((0, 1), (2, 3), (0, 2), (1, 3))
+    handles = tuple((r, 0x100 * (g + 1) + r, g) for g, ms in enumerate(groups) for r in ms)
+    comm = {(r, g): h for r, h, g in handles}
+    obs = [replace(s, backend="nccl", group=s.group.replace("gloo", "nccl"),
+                   group_ptr=comm[(s.rank, groups.index(s.members))], members=())
+           for s in _observed(members=True)]
+    w = straggler.window_verdict(_job(), obs, T0 - 0.1, T0 + 2)
+    assert w.suspects == () or w.groups == ()  # without the communicators' groups: nothing intersected
+    pgs = ProcessGroupSample(time=T0, groups=groups, source="ebpf-comms", handles=handles)
+    w = straggler.window_verdict(_job(), [*obs, pgs], T0 - 0.1, T0 + 2)
+    assert (w.metric, w.suspects, w.groups) == ("lag", (3,), ("nccl[1,3]", "nccl[2,3]")), w

@@ -3,8 +3,9 @@
 The collective probe names each rank's groups by first use (``gloo:0``, ``gloo:1``): on a dp x tp job
 both tensor-parallel groups are ``gloo:0`` on their members, so comparing collectives by that name
 pairs rank 0's tensor-parallel all-reduce #43 with rank 2's, two groups that never wait for each other.
-Where the probe read the group's members (``CollectiveSample.members``, probes/ebpf/glooranks.py), a
-group is named by them, ``gloo[2,3]``; two groups of one rank with the same members keep the probe's
+Where the probe read the group's members (``CollectiveSample.members``, probes/ebpf/glooranks.py), or,
+for NCCL, the communicator probe matched the call's communicator to its group at creation
+(``ProcessGroupSample.handles``, probes/ebpf/comms.py), a group is named by them, ``gloo[2,3]``; two groups of one rank with the same members keep the probe's
 name beside them; a group whose members are unknown keeps the probe's name alone (and may still mix
 groups: straggler.py then drops a lag longer than the interval between the group's collectives).
 
@@ -16,24 +17,31 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from scout_sys.model import CollectiveSample
+from scout_sys.model import CollectiveSample, ProcessGroupSample
 from scout_sys.text import ranks_text
 
 
 def keys(obs: Iterable[object]) -> dict[tuple[int, str], str]:
     """(rank, the probe's group name) -> the group's name across ranks (see the module's docstring)."""
     seen: dict[tuple[int, str], CollectiveSample] = {}
+    comms: ProcessGroupSample | None = None
     for o in obs:
         if isinstance(o, CollectiveSample):
             seen[(o.rank, o.group)] = o
-    twice = Counter((r, o.backend, o.members) for (r, _g), o in seen.items() if o.members)
+        elif isinstance(o, ProcessGroupSample) and o.handles and (comms is None or o.time >= comms.time):
+            comms = o
+    handles = {(r, h): comms.groups[g] for r, h, g in comms.handles if 0 <= g < len(comms.groups)} if comms else {}
+    members = {k: o.members or (handles.get((o.rank, o.group_ptr), ()) if o.backend == "nccl" else ())
+               for k, o in seen.items()}
+    twice = Counter((r, o.backend, members[(r, g)]) for (r, g), o in seen.items() if members[(r, g)])
     out: dict[tuple[int, str], str] = {}
     for (r, g), o in seen.items():
-        if not o.members:
+        m = members[(r, g)]
+        if not m:
             out[(r, g)] = g
         else:
-            name = member_name(o.backend, o.members)
-            out[(r, g)] = name if twice[(r, o.backend, o.members)] == 1 else f"{name}{g}"
+            name = member_name(o.backend, m)
+            out[(r, g)] = name if twice[(r, o.backend, m)] == 1 else f"{name}{g}"
     return out
 
 

@@ -102,12 +102,12 @@ def periods(obs: Sequence[Observation], start: float, end: float) -> dict[int, f
     return {r: statistics.median(v) for r, v in out.items() if v}
 
 
-def _lags(obs: Sequence[Observation], ranks: Sequence[int], start: float, end: float
-          ) -> tuple[dict[int, float], float | None]:
+def _lags(obs: Sequence[Observation], ranks: Sequence[int], start: float, end: float,
+          names: Mapping[tuple[int, str], str] | None = None) -> tuple[dict[int, float], float | None]:
     """Median arrival lag per rank over collectives entered in [start, end] by every rank, each
-    collective compared within its one process group (consensus/collgroups.py)."""
+    collective compared within its one process group (``names``: consensus/collgroups.py's keys)."""
     mine = [o for o in obs if isinstance(o, CollectiveSample) and o.rank in ranks]
-    names = collgroups.keys(mine)
+    names = collgroups.keys(obs) if names is None else names
     entries: dict[tuple[str, int], dict[int, float]] = {}
     for o in mine:
         for fp in o.recent:
@@ -267,15 +267,15 @@ def _groups_verdict(live: Sequence[int], obs: Sequence[Observation], start: floa
                     busy: Mapping[int, float]) -> WindowVerdict | None:
     """The lag verdict from process sub-groups (straggler_groups.py), when it names a rank."""
     samples: dict[str, list[CollectiveSample]] = {}  # each group's records, in one pass over the window
-    mine = [o for o in obs if isinstance(o, CollectiveSample) and o.rank in live]
-    names = collgroups.keys(mine)
-    for o in mine:
-        samples.setdefault(names[(o.rank, o.group)], []).append(o)
+    names = collgroups.keys(obs)
+    for o in obs:
+        if isinstance(o, CollectiveSample) and o.rank in live:
+            samples.setdefault(names[(o.rank, o.group)], []).append(o)
     per: dict[str, tuple[dict[int, float], float | None]] = {}
     for g, mine in sorted(samples.items()):
         members = sorted({o.rank for o in mine})
         if len(members) >= 2:
-            lags, period = _lags(mine, members, start, end)
+            lags, period = _lags(mine, members, start, end, names)
             if lags:
                 per[g] = (lags, period)
     floors = {g: _lag_floor(p) for g, (_l, p) in per.items()}
