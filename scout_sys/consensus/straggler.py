@@ -3,7 +3,7 @@
 Two measures per rank and per window, the first available wins:
 
 - ``lag`` (eBPF collective probe): how long after the first rank this rank enters the same
-  collective (same group, same sequence number), median over the window. The straggler arrives last.
+  collective (same group by its members, collgroups.py; same sequence), median over the window.
   Where no collective spans every rank (dp x tp sub-groups), the rank late in every process group it
   belongs to (straggler_groups.py).
 - ``busy`` (procfs): the fraction of the window the rank's main thread was on a CPU or waiting for
