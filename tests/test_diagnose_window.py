@@ -37,8 +37,10 @@ def test_a_rank_that_moved_or_ran_in_the_window_is_progress():
 
 @pytest.mark.slow
 def test_a_job_stepping_slower_than_the_window_is_an_inconclusive_hang_not_healthy(start_job):
-    # every rank sleeps 6 s per step: a 2 s window sees nobody move, as it would a hang
-    job = start_job(4, args=["--step-time", "6", "--log-every", "1"])
+    # every rank sleeps 10 s per step: a 2 s window sees nobody move, as it would a hang. The window
+    # begins once diagnose has started (seconds on a loaded 2-core CI); with 6 s steps it sometimes
+    # reached the next step's collectives and saw them move (CI read "healthy" once)
+    job = start_job(4, args=["--step-time", "10", "--log-every", "1"])
     job.wait_steps(2, timeout=90)
     rc, d = diagnose_json(job.pid, window=2.0)
     assert rc == 1, d
