@@ -187,9 +187,10 @@ def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], win
     gives an inconclusive straggler — a note when it is the busy share of a rank contended for a CPU whose
     peers' stack samples, read, did not show them waiting for it (the host's load); the stack samples alone, the weakest, a note. The verdict says the cause. Returns (incidents, notes)."""
     read = stack_waits(job, obs)
-    seen = never_waiting(job, obs, acts, read)
+    loose = never_waiting(job, obs, acts, read, seldom=BACKING)
+    seen = {r: v for r, v in loose.items() if v[3] * SELDOM <= v[0]}  # the strict ratio: a subset of the loose
     named, causes = measures(job, obs, window[0], window[1])
-    seen.update(_backing(named, seen, never_waiting(job, obs, acts, read, seldom=BACKING), read))
+    seen.update(_backing(named, seen, loose, read))
     out: list[Incident] = []
     notes: list[str] = []
     for r in sorted(set(named) | set(seen)):

@@ -296,7 +296,6 @@ class HangWatch:
         self._held = unnamed
         return hold
 
-
     def round(self, now: float, r: Reading, *, hang_open: bool,
               window: Callable[[], Sequence[Incident]]) -> tuple[Decision, list[Incident] | None]:
         """One poll's hang round, as both watches take it: :meth:`decide` on the source's reading and,
