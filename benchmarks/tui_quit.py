@@ -1,9 +1,11 @@
 """How long `q` takes to give the terminal back: the real `scout-sys watch` dashboard in tmux beside a
-healthy 4-rank demo job (eBPF on, so probes are attached and must be detached), `q` sent once the
-ranks are drawn, timed until the shell prompt is back (the process has exited). Target: < 1 s."""
+healthy demo job (by default the GPU shape: 8 ranks spinning at their sync point, every CPU busy; eBPF
+on, so probes are attached and must be detached), `q` sent once the ranks are drawn, timed until the
+shell prompt is back (the process has exited). Target: < 1 s."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import statistics
@@ -45,15 +47,22 @@ def one(job: DemoJob, attached_for: float) -> float:
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nproc", type=int, default=8)
+    ap.add_argument("--sync", default="spin", choices=["blocking", "spin", "wait"],
+                    help="the demo job's shape (scout_sys/demo/train.py --sync)")
+    ap.add_argument("--runs", type=int, default=3, help="quits with the probes attached")
+    a = ap.parse_args()
     if shutil.which("tmux") is None:
         print("tmux is not installed: skipped")
         return 0
-    with DemoJob(4) as job:
+    with DemoJob(a.nproc, args=["--sync", a.sync]) as job:
         job.wait_steps(2, timeout=180)
         early = one(job, 0.5)  # quit while the eBPF probes may still be compiling
-        late = [one(job, 12.0) for _ in range(2)]  # probes attached
-    print(f"q to prompt: {early:.2f} s right after start (probes compiling), runs with probes attached: {late}; "
-          f"{statistics.median(late):.2f} s with probes attached (target < 1 s)")
+        late = [one(job, 40.0) for _ in range(a.runs)]  # probes attached (compiling takes 20-40 s on 2 busy cores)
+    print(f"q to prompt beside a {a.nproc}-rank {a.sync} job: {early:.2f} s right after start (probes compiling); "
+          f"with probes attached: {', '.join(f'{t:.2f}' for t in late)} s, median {statistics.median(late):.2f} s, "
+          f"max {max(late):.2f} s (target < 1 s)")
     return 0
 
 

@@ -37,6 +37,10 @@ CLOSE_TIMEOUT = 1.0  # seconds close() waits for a probe still compiling; it det
 BACKGROUND_JOIN = 0.1  # the same for close(background=True): someone waits for the prompt
 
 
+class Interrupted(Exception):
+    """A window stopped half-way (:meth:`Monitor.interrupt`): its samples are not judged."""
+
+
 
 class Monitor:
     def __init__(self, job: Job, *, extra_probes: Sequence[Probe] = (), clock: Callable[[], float] = time.time,
@@ -53,6 +57,7 @@ class Monitor:
         self._bg: threading.Thread | None = None
         self._closing = False
         self._background = False
+        self._interrupted = threading.Event()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -133,6 +138,12 @@ class Monitor:
             except Exception:  # noqa: BLE001 - closing must go on for every probe
                 pass
 
+    def interrupt(self) -> None:
+        """Someone waits for the prompt (``q``): a window in progress (a watch's confirmation, up to a
+        second and a half on a busy machine) stops at its next sample by raising :class:`Interrupted`,
+        so that closing need not wait for it; no finding comes from the half window."""
+        self._interrupted.set()
+
     def __enter__(self) -> Monitor:
         self.start()
         return self
@@ -185,6 +196,8 @@ class Monitor:
         deadline = t0 + window
         next_proc = next_stack = t0  # on a schedule from t0: a dump's own time does not thin the samples
         while True:
+            if self._interrupted.is_set():
+                raise Interrupted("the window was interrupted")
             now = self.clock()
             last = now >= deadline
             if not self._on(self.procfs):

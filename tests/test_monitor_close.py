@@ -11,8 +11,10 @@ import socket
 import threading
 import time
 
+import pytest
+
 from scout_sys.model import Job, Rank
-from scout_sys.monitor import Monitor
+from scout_sys.monitor import Interrupted, Monitor
 from scout_sys.probes import Health
 
 
@@ -84,3 +86,20 @@ def test_a_probe_detaching_late_never_holds_the_monitor_lock_and_a_person_waits_
     assert time.monotonic() - t1 < 0.5
     done.set()
     assert probe.closed.wait(60) and not probe.attached
+
+
+def test_an_interrupted_window_stops_at_its_next_sample_and_judges_nothing() -> None:
+    """q while a watch's confirmation window runs: the window raises at its next sample instead of
+    running to its end (the prompt waits for the poll in flight)."""
+    me = Job(ranks=(Rank(rank=0, pid=os.getpid(), host=socket.gethostname()),), world_size=1,
+             launcher="explicit", launcher_pid=None, host=socket.gethostname())
+    mon = Monitor(me)
+    mon.start()
+    try:
+        threading.Timer(0.3, mon.interrupt).start()
+        t0 = time.monotonic()
+        with pytest.raises(Interrupted):
+            mon.collect(30.0, proc_interval=0.25, stack_interval=30.0)
+        assert time.monotonic() - t0 < 5.0  # not the 30 s window
+    finally:
+        mon.close()

@@ -160,7 +160,7 @@ def _dashboard(source: Any, stop: threading.Event) -> int | None:
     except ImportError:
         return None
     try:
-        return run_dashboard(source)
+        return run_dashboard(source, on_quit=getattr(source, "interrupt", None))
     finally:  # the dashboard's loop restored the default handler; keep close() reachable
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
@@ -209,12 +209,14 @@ def _watch(args: argparse.Namespace) -> int:
     watcher = Watcher(args.job, config)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    quit_rc: int | None = None
     try:
         watcher.start()
         sinks.attach(watcher)
         if dashboard and (rc := _dashboard(watcher, stop)) is not None:
             # the terminal is back: give the prompt back too, and detach the probes behind it
             watcher.close(background=True)
+            quit_rc = rc
             return rc
 
         def on_job(job: Job) -> None:
@@ -240,3 +242,14 @@ def _watch(args: argparse.Namespace) -> int:
         sinks.close()
         for m in held:
             print(m, file=sys.stderr)
+        if quit_rc is not None:
+            _exit_now(quit_rc)
+
+
+def _exit_now(rc: int) -> None:
+    """``q``: everything is closed and the probes are handed to their detaching child; skip the
+    interpreter's teardown (freeing a 200 MB heap with bcc's LLVM, 0.6-1.2 s on two cores that eight
+    spinning ranks keep busy) and give the prompt back now."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)

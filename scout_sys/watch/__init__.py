@@ -161,6 +161,12 @@ class Watcher(Sessioned):
             self.monitor = None
         self.early.close(background=background)
 
+    def interrupt(self) -> None:
+        """Stop a poll in flight at its next sample (a confirmation window: Monitor.interrupt); that
+        poll raises and reports nothing. For ``q``: the prompt need not wait for the window."""
+        if self.monitor is not None:
+            self.monitor.interrupt()
+
     def __enter__(self) -> Watcher:
         self.start()
         return self

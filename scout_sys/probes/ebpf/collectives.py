@@ -230,14 +230,14 @@ class CollectiveProbe(BccProbe):
         clock = Clock()
         now = time.time() if now is None else now
         groups: dict[tuple[int, int], list[tuple[int, Any]]] = defaultdict(list)
-        for k, v in self._bpf[b"groups"].items():
+        for k, v in self.entries("groups"):
             groups[(k.tgid, k.lib)].append((k.group, v))
         hist: dict[tuple[int, int, int], list[Fingerprint]] = defaultdict(list)
-        for k, v in self._bpf[b"hist"].items():
+        for k, v in self.entries("hist"):
             hist[(k.g.tgid, k.g.lib, k.g.group)].append(self._fingerprint(k.g.lib, v, clock))
-        works = {k.value: v for k, v in self._bpf[b"works"].items()}
+        works = {k.value: v for k, v in self.entries("works")}
         waiting: dict[int, int] = {}
-        for _tid, t in self._bpf[b"workers"].items():
+        for _tid, t in self.entries("workers"):
             if t.busy and t.recv_peer >= 0:
                 waiting[t.tgid] = t.recv_peer
         out: list[Observation] = []
@@ -279,7 +279,7 @@ class CollectiveProbe(BccProbe):
         """(tgid, comm) -> last NCCL return code (ncclResult_t)."""
         if self._bpf is None:
             return {}
-        return {(k.tgid, k.group): int(v.ret) for k, v in self._bpf[b"groups"].items() if k.lib == LIB_NCCL}
+        return {(k.tgid, k.group): int(v.ret) for k, v in self.entries("groups") if k.lib == LIB_NCCL}
 
     def _find_libs(self, job: Job) -> list[_Lib]:
         libs: dict[tuple[int, int], _Lib] = {}

@@ -240,7 +240,7 @@ class CommProbe(BccProbe):
         gone: dict[tuple[int, int], int] = {}
         if self._bpf is None:
             return recs, gone
-        for k, v in sorted(self._bpf[b"creations"].items(), key=lambda kv: kv[0].ns):
+        for k, v in sorted(self.entries("creations"), key=lambda kv: kv[0].ns):
             rank = self._ranks.get(k.tgid)
             if rank is None:
                 continue
@@ -248,7 +248,7 @@ class CommProbe(BccProbe):
                 seq=len(recs.get(rank, ())), kind=int(v.kind), nranks=int(v.nranks), comm_rank=int(v.rank),
                 id=bytes(v.id) if v.kind in INIT_KINDS else b"", parent=int(v.parent), color=int(v.color),
                 comm=int(v.comm), ret=int(v.ret) if v.returned else None, ns=int(v.ns)))
-        for k, v in self._bpf[b"gone"].items():
+        for k, v in self.entries("gone"):
             rank = self._ranks.get(k.tgid)
             if rank is not None:
                 gone[(rank, int(k.comm))] = int(v.value)
@@ -258,7 +258,7 @@ class CommProbe(BccProbe):
         if self._bpf is None:
             return []
         return [CommCalls(rank, int(k.comm), int(v.calls), int(v.last_ns), COLL_OPS.get(v.last_op, ""))
-                for k, v in self._bpf[b"known"].items() if (rank := self._ranks.get(k.tgid)) is not None]
+                for k, v in self.entries("known") if (rank := self._ranks.get(k.tgid)) is not None]
 
     def learned(self) -> Communicators:
         recs, gone = self.records()

@@ -119,7 +119,8 @@ class SchedProbe(BccProbe):
         out: list[Observation] = []
 
         per_pid: dict[int, list[ThreadSched]] = {}
-        for k, t in self._bpf[b"threads"].items():
+        # filled by the sched_switch program only: without it the map stays empty, not worth a syscall a poll
+        for k, t in self.entries("threads") if self.switches else []:
             on_cpu, off_cpu = int(t.on_ns), int(t.off_ns)
             running = bool(t.last_in)
             if running:
@@ -134,7 +135,7 @@ class SchedProbe(BccProbe):
             ))
         lost = self.lost()
 
-        exits = {k.value: e for k, e in self._bpf[b"exits"].items()}
+        exits = {k.value: e for k, e in self.entries("exits")}
         for tgid, threads in sorted(per_pid.items()):
             rank = self._ranks.get(tgid)
             if rank is not None and tgid not in exits:
@@ -157,7 +158,7 @@ class SchedProbe(BccProbe):
                 except KeyError:
                     pass
 
-        for k, v in self._bpf[b"signals"].items():
+        for k, v in self.entries("signals"):
             rank = self._ranks.get(k.target)
             key = (int(k.target), int(k.sig), int(k.sender))
             if rank is None or self._seen_signals.get(key) == v.count:
@@ -171,7 +172,7 @@ class SchedProbe(BccProbe):
                 first_time=clock.unix(v.first_ns) or now,
             ))
 
-        for k, o in self._bpf[b"ooms"].items():
+        for k, o in self.entries("ooms"):
             rank = self._ranks.get(k.value)
             if rank is None or k.value in self._seen_ooms:
                 continue
