@@ -62,7 +62,8 @@ CONFIRM = 3
 MIN_COMMON_COLLECTIVES = 3
 # Peers idle (off CPU, outside collectives) for more than this share of the step have slack: a rank
 # arriving late only takes time they would have slept anyway (a job paced by its input, or by
-# sleeping), so it slows nothing and is not called a straggler.
+# sleeping), so it slows nothing and is not called a straggler — unless it is also busier than they
+# are (_absorbed): then its lag is its compute, added to a step whose idle part every rank pays.
 SLACK_MAX = 0.20
 
 
@@ -232,7 +233,7 @@ def _primary(live: Sequence[int], obs: Sequence[Observation], start: float, end:
     if lags:
         sus, med, thr = _outliers(lags, _lag_floor(period))
         slack = _slack(lags, sus, med, period, busy, live)
-        if slack is not None and slack > SLACK_MAX:
+        if _absorbed(slack, sus, busy, live):
             sus = ()
         lagv = WindowVerdict(start, end, "lag", lags, sus, med, thr, period, slack, periods(obs, start, end))
         if sus or len(busy) != len(live):
@@ -263,6 +264,17 @@ def _slack(lags: Mapping[int, float], sus: Sequence[int], med: float, period: fl
     return 1.0 - statistics.median(busy[r] for r in peers) - wait
 
 
+def _absorbed(slack: float | None, sus: Sequence[int], busy: Mapping[int, float], live: Sequence[int]) -> bool:
+    """The suspects' lag is taken from their peers' slack (SLACK_MAX): a rank late only by phase. Not
+    when every suspect is also an outlier of the busy measure (busier than its peers): then it is late because
+    it computes while they wait, and a job that sleeps a fixed time each step (or waits for its input)
+    pays that lag on top, however idle its peers are besides."""
+    if slack is None or slack <= SLACK_MAX:
+        return False
+    busier = _outliers(busy, BUSY_FLOOR)[0] if len(busy) == len(live) else ()
+    return not set(sus) <= set(busier)
+
+
 def _groups_verdict(live: Sequence[int], obs: Sequence[Observation], start: float, end: float,
                     busy: Mapping[int, float]) -> WindowVerdict | None:
     """The lag verdict from process sub-groups (straggler_groups.py), when it names a rank."""
@@ -289,7 +301,7 @@ def _groups_verdict(live: Sequence[int], obs: Sequence[Observation], start: floa
     # the dp all-reduce where it had waited for rank 3 in tp would count against it)
     med = statistics.median(v for g in mine_slow for r, v in per[g][0].items() if r != x.origin)
     slack = _slack(x.values, (x.origin,), med, period, busy, live)
-    if slack is not None and slack > SLACK_MAX:
+    if _absorbed(slack, (x.origin,), busy, live):
         return None
     return WindowVerdict(start, end, "lag", x.values, (x.origin,), med, med + min(floors[g] for g in mine_slow),
                          period, slack, periods(obs, start, end), groups=mine_slow,
