@@ -52,7 +52,7 @@ class CollectiveSample:
 
     ``group``: ``"gloo:0"`` is the first Gloo group this rank was seen calling, and so on (each rank
     numbers its groups in the order the probe first saw them called; ``consensus.desync.align`` makes
-    the numbers agree across ranks before they are compared).
+    the numbers agree across ranks before they are compared). ``members`` says which group it is.
     """
 
     time: float
@@ -71,6 +71,10 @@ class CollectiveSample:
     waiting_peer: int | None = None  # gloo: group rank the worker last waited on (recv)
     bytes_sent: int | None = None  # gloo: bytes sent by the last finished collective
     group_ptr: int = 0  # process-group / communicator address in the rank (for people)
+    # the group's global ranks, sorted (gloo: read from the group itself); () when not known. The same
+    # ``group`` name on two ranks may be two groups (each tensor-parallel group of a dp x tp job): these
+    # tell them apart (consensus/collgroups.py)
+    members: tuple[int, ...] = ()
     source: str = "ebpf"
 
 

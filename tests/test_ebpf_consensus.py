@@ -257,6 +257,24 @@ def test_a_tie_in_one_tp_group_is_decided_by_the_equivalent_tp_group() -> None:
     assert inc.evidence[0].rank == 2 and inc.evidence[0].data["fingerprint"]["op"] == "allgather"
 
 
+def test_a_desync_names_the_group_by_its_members_where_the_probe_read_them() -> None:
+    """The probe's name says only the order of first use (both tp groups are gloo:0): the summary and the
+    evidence say which ranks the group is (issue 22), the name beside them."""
+    from dataclasses import replace
+
+    tp = {0: (0, 1), 1: (0, 1), 2: (2, 3), 3: (2, 3)}
+    (inc,) = desync.analyze(DP2_TP2, [replace(s, members=tp[s.rank]) for s in _tp_gather()])
+    assert inc.ranks == (2,) and "called a different collective at #8 of ranks 2-3 (gloo:0)" in inc.summary, \
+        inc.summary
+    assert inc.evidence[0].text.startswith("rank 2 in ranks 2-3 (gloo:0): #8 allgather"), inc.evidence[0].text
+    assert inc.evidence[0].data["members"] == [2, 3]
+    across = next(e for e in inc.evidence if "equivalent_groups" in e.data)
+    assert "at #8 of ranks 0-1 and ranks 2-3 (gloo:0)" in across.text, across.text
+    # without members, the probe's name as before
+    (plain,) = desync.analyze(DP2_TP2, _tp_gather())
+    assert "at gloo:0 #8" in plain.summary, plain.summary
+
+
 def test_equivalent_groups_healthy_and_two_against_two_name_nobody() -> None:
     assert desync.analyze(DP2_TP2, _tp_gather(odd_op="allreduce")) == []
     # ranks 2 and 3 call two other collectives than ranks 0, 1 (two against two): no strict majority

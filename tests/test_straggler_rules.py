@@ -50,6 +50,15 @@ def test_a_late_rank_whose_peers_would_sleep_anyway_is_not_a_straggler():
     assert w.suspects == () and w.slack is not None and w.slack > straggler.SLACK_MAX
 
 
+def test_a_late_rank_busier_than_its_idle_peers_is_a_straggler_whatever_their_slack():
+    # The same peers' slack (they sleep a fixed 50 ms each step), but rank 0 is late because it computes
+    # while they wait: its lag is added to every step. Without the busy share's word it stays a phase.
+    obs = _collectives(4, {0: 0.027}) + _busy(4, {0: 0.6}, default=0.04)
+    w = straggler.window_verdict(_job(), obs, T0 - 0.1, T0 + 1.1)
+    assert w.slack is not None and w.slack > straggler.SLACK_MAX
+    assert (w.metric, w.suspects) == ("lag", (0,))
+
+
 def test_busy_share_without_ebpf():
     obs = _busy(4, {3: 0.6}, default=0.05)
     w = straggler.window_verdict(_job(), obs, T0, T0 + 1.0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -184,3 +185,5 @@ def test_dtensor_tp_desync_in_diagnose_across_equivalent_tp_groups(start_job, tm
     assert across["equivalent_groups"] == [[0, 2], [1, 3]], across
     ops = {r: f["op"] for r, f in across["fingerprints"].items()}
     assert ops == {"0": "allreduce", "1": "allreduce", "2": "allgather", "3": "allreduce"}, across
+    # the group named by its members (the probe's own name, by first use, is the same on both tp groups)
+    assert re.search(r"at #\d+ of ranks 2-3 \(gloo:\d\)", inc["summary"]), inc["summary"]

@@ -223,6 +223,7 @@ def record_from_json(d: Mapping[str, Any]) -> Observation | None:
     if t is CollectiveSample:
         kw["last"] = Fingerprint(**kw["last"]) if kw.get("last") else None
         kw["recent"] = tuple(Fingerprint(**f) for f in kw.get("recent", ()))
+        kw["members"] = tuple(kw.get("members", ()))
     return t(**kw)
 
 

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from scout_sys.consensus import c3
+from scout_sys.consensus.collgroups import label_of, position
 from scout_sys.model import (
     ATTRIBUTED,
     DESYNC,
@@ -189,14 +190,16 @@ def _minority_call(job: Job, pg: str, group: dict[int, CollectiveSample], pos: i
     """Rule 1's verdict: the attributed minority's calls at ``pos`` against the majority's."""
     maj = by_seq[v.majority[0]][pos]
     ev = [_fp_evidence(r, group[r], by_seq[r][pos], DIFFERS) for r in v.minority]
-    ev.append(Evidence("ebpf", f"{ranks_text(v.majority)} {pg}: {maj.describe()}",
+    ev.append(Evidence("ebpf", f"{ranks_text(v.majority)} {label_of(pg, [group[r] for r in v.majority])}: "
+                       f"{maj.describe()}",
                        data={"group": pg, "ranks": list(v.majority), "fingerprint": maj.to_json()}))
     diff = "; ".join(f"rank {r}: {by_seq[r][pos].describe()}" for r in v.minority)
     return Incident(
         kind=DESYNC, status=ATTRIBUTED, ranks=v.minority,
         hosts=tuple(sorted({job.host_of(r) for r in v.minority})),
         since=min(by_seq[r][pos].time for r in v.minority),
-        summary=(f"{ranks_text(v.minority)} called a different collective at {pg} #{pos}: {diff}; "
+        summary=(f"{ranks_text(v.minority)} called a different collective at "
+                 f"{position(pg, [group[r] for r in v.minority], pos)}: {diff}; "
                  f"the other {len(v.majority)} {others} {maj.describe()}"),
         evidence=(*ev, *extra))
 
@@ -214,7 +217,7 @@ def _differing(job: Job, pg: str, group: dict[int, CollectiveSample],
     across = Evidence(
         "ebpf", f"within its peer group one call stands against another (a tie); across the "
         f"{len(peer_groups)} equivalent peer groups {groups_text}, {len(v.majority)} of {len(group)} ranks "
-        f"called {maj.describe()} at {pg} #{pos}",
+        f"called {maj.describe()} at {position(pg, group.values(), pos)}",
         data={"group": pg, "position": pos, "equivalent_groups": [list(g) for g in peer_groups],
               "fingerprints": {str(r): by_seq[r][pos].to_json() for r in sorted(group)}})
     return _minority_call(job, pg, group, pos, v, by_seq, "ranks of its equivalent groups called", (across,))
@@ -230,10 +233,13 @@ def fingerprint_differs(inc: Incident) -> bool:
 
 
 def _fp_evidence(rank: int, s: CollectiveSample, f: Fingerprint | None, note: str = "") -> Evidence:
-    text = f"rank {rank} {s.group}: " + (f.describe() if f else f"no collective seen (seq {s.seq})")
+    where = label_of(s.group, [s])
+    text = f"rank {rank} {'in ' if where != s.group else ''}{where}: " + (f.describe() if f else f"no collective seen (seq {s.seq})")
     if note:
         text += f" ({note})"
     data: dict = {"group": s.group, "seq": s.seq, "inside": s.inside}
+    if s.members:
+        data["members"] = list(s.members)
     if note == DIFFERS:
         data[DIFFERS] = True  # a value for the rules (rules._not_progressing, the watch's trigger)
     if f is not None:
@@ -257,7 +263,8 @@ def _analyze(job: Job, pg: str, group: dict[int, CollectiveSample], min_wait: fl
         return [Incident(
             kind=DESYNC, status=INCONCLUSIVE, ranks=(), hosts=hosts(group),
             since=min(by_seq[r][pos].time for r in group),
-            summary=f"ranks disagree on the collective at {pg} #{pos} and no strict majority agrees",
+            summary=f"ranks disagree on the collective at {position(pg, group.values(), pos)} and no strict "
+                    "majority agrees",
             evidence=tuple(_fp_evidence(r, group[r], by_seq[r][pos]) for r in sorted(group)))]
 
     # Rule 2: a strict majority waits in the same collective (inside it, or, asynchronous, issued and
@@ -277,7 +284,8 @@ def _analyze(job: Job, pg: str, group: dict[int, CollectiveSample], min_wait: fl
     ev = [_fp_evidence(r, group[r], group[r].last,
                        "behind" if r in behind else "ahead") for r in v.minority]
     ev.append(Evidence(
-        "ebpf", f"{ranks_text(waiting)} waiting in {pg} " + (maj_fp.describe() if maj_fp else f"#{seq}")
+        "ebpf", f"{ranks_text(waiting)} waiting in {label_of(pg, [group[r] for r in waiting])} "
+        + (maj_fp.describe() if maj_fp else f"#{seq}")
         + f" since {since:.3f}", data={"group": pg, "ranks": list(waiting), "seq": seq}))
     parts = []
     if behind:
@@ -286,7 +294,7 @@ def _analyze(job: Job, pg: str, group: dict[int, CollectiveSample], min_wait: fl
         parts.append(f"{ranks_text(ahead)} ahead (at " + ", ".join(f"#{group[r].seq}" for r in ahead) + ")")
     return [Incident(
         kind=DESYNC, status=ATTRIBUTED, ranks=v.minority, hosts=hosts(v.minority), since=since,
-        summary=(f"{' and '.join(parts)} in the {pg} collective sequence while "
+        summary=(f"{' and '.join(parts)} in the {label_of(pg, group.values())} collective sequence while "
                  f"{len(waiting)} ranks wait in #{seq}"),
         evidence=tuple(ev))]
 

@@ -3,7 +3,7 @@
 Two measures per rank and per window, the first available wins:
 
 - ``lag`` (eBPF collective probe): how long after the first rank this rank enters the same
-  collective (same group, same sequence number), median over the window. The straggler arrives last.
+  collective (same group by its members, collgroups.py; same sequence), median over the window.
   Where no collective spans every rank (dp x tp sub-groups), the rank late in every process group it
   belongs to (straggler_groups.py).
 - ``busy`` (procfs): the fraction of the window the rank's main thread was on a CPU or waiting for
@@ -32,7 +32,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from scout_sys.consensus import c3, straggler_groups
+from scout_sys.consensus import c3, collgroups, straggler_groups
 from scout_sys.consensus.cpushare import (
     BUSY_FLOOR,
     THROTTLE_FLOOR,
@@ -62,7 +62,8 @@ CONFIRM = 3
 MIN_COMMON_COLLECTIVES = 3
 # Peers idle (off CPU, outside collectives) for more than this share of the step have slack: a rank
 # arriving late only takes time they would have slept anyway (a job paced by its input, or by
-# sleeping), so it slows nothing and is not called a straggler.
+# sleeping), so it slows nothing and is not called a straggler — unless it is also busier than they
+# are (_absorbed): then its lag is its compute, added to a step whose idle part every rank pays.
 SLACK_MAX = 0.20
 
 
@@ -83,7 +84,7 @@ class WindowVerdict:
     causes: dict[int, Cause] = field(default_factory=dict, hash=False, compare=False)  # per suspect
     # lag from sub-groups (straggler_groups.py): the slow process groups the suspect was intersected from
     groups: tuple[str, ...] = field(default=(), hash=False, compare=False)
-    # each of those groups' members, as compared (the probe names a group by the order of its first use)
+    # each of those groups' members, as compared (collgroups.py: named by them where the probe read them)
     members: dict[str, tuple[int, ...]] = field(default_factory=dict, hash=False, compare=False)
 
 
@@ -102,16 +103,17 @@ def periods(obs: Sequence[Observation], start: float, end: float) -> dict[int, f
     return {r: statistics.median(v) for r, v in out.items() if v}
 
 
-def _lags(obs: Sequence[Observation], ranks: Sequence[int], start: float, end: float
-          ) -> tuple[dict[int, float], float | None]:
-    """Median arrival lag per rank over collectives entered in [start, end] by every rank."""
+def _lags(obs: Sequence[Observation], ranks: Sequence[int], start: float, end: float,
+          names: Mapping[tuple[int, str], str] | None = None) -> tuple[dict[int, float], float | None]:
+    """Median arrival lag per rank over collectives entered in [start, end] by every rank, each
+    collective compared within its one process group (``names``: consensus/collgroups.py's keys)."""
+    mine = [o for o in obs if isinstance(o, CollectiveSample) and o.rank in ranks]
+    names = collgroups.keys(obs) if names is None else names
     entries: dict[tuple[str, int], dict[int, float]] = {}
-    for o in obs:
-        if not isinstance(o, CollectiveSample) or o.rank not in ranks:
-            continue
+    for o in mine:
         for fp in o.recent:
             if start <= fp.time <= end:
-                entries.setdefault((o.group, fp.seq), {})[o.rank] = fp.time
+                entries.setdefault((names[(o.rank, o.group)], fp.seq), {})[o.rank] = fp.time
     common = {k: v for k, v in entries.items() if len(v) == len(ranks)}
     if len(common) < MIN_COMMON_COLLECTIVES:
         return {}, None
@@ -125,7 +127,13 @@ def _lags(obs: Sequence[Observation], ranks: Sequence[int], start: float, end: f
     firsts.sort()
     gaps = [b - a for a, b in zip(firsts, firsts[1:], strict=False) if b > a]
     period = statistics.median(gaps) if gaps else None
-    return {r: statistics.median(v) for r, v in per_rank.items()}, period
+    lags = {r: statistics.median(v) for r, v in per_rank.items()}
+    if period and max(lags.values()) > period and not all(collgroups.known(g) for g, _seq in common):
+        # In one group a rank cannot arrive a whole interval late: the next collective waits for it.
+        # Groups known only by the probe's numbering (members not read) pair up two groups' collectives
+        # under one name: not a lag
+        return {}, None
+    return lags, period
 
 
 def _outliers(values: Mapping[int, float], floor: float) -> tuple[tuple[int, ...], float, float]:
@@ -225,7 +233,7 @@ def _primary(live: Sequence[int], obs: Sequence[Observation], start: float, end:
     if lags:
         sus, med, thr = _outliers(lags, _lag_floor(period))
         slack = _slack(lags, sus, med, period, busy, live)
-        if slack is not None and slack > SLACK_MAX:
+        if _absorbed(slack, sus, busy, live):
             sus = ()
         lagv = WindowVerdict(start, end, "lag", lags, sus, med, thr, period, slack, periods(obs, start, end))
         if sus or len(busy) != len(live):
@@ -256,18 +264,30 @@ def _slack(lags: Mapping[int, float], sus: Sequence[int], med: float, period: fl
     return 1.0 - statistics.median(busy[r] for r in peers) - wait
 
 
+def _absorbed(slack: float | None, sus: Sequence[int], busy: Mapping[int, float], live: Sequence[int]) -> bool:
+    """The suspects' lag is taken from their peers' slack (SLACK_MAX): a rank late only by phase. Not
+    when every suspect is also an outlier of the busy measure (busier than its peers): then it is late because
+    it computes while they wait, and a job that sleeps a fixed time each step (or waits for its input)
+    pays that lag on top, however idle its peers are besides."""
+    if slack is None or slack <= SLACK_MAX:
+        return False
+    busier = _outliers(busy, BUSY_FLOOR)[0] if len(busy) == len(live) else ()
+    return not set(sus) <= set(busier)
+
+
 def _groups_verdict(live: Sequence[int], obs: Sequence[Observation], start: float, end: float,
                     busy: Mapping[int, float]) -> WindowVerdict | None:
     """The lag verdict from process sub-groups (straggler_groups.py), when it names a rank."""
     samples: dict[str, list[CollectiveSample]] = {}  # each group's records, in one pass over the window
+    names = collgroups.keys(obs)
     for o in obs:
         if isinstance(o, CollectiveSample) and o.rank in live:
-            samples.setdefault(o.group, []).append(o)
+            samples.setdefault(names[(o.rank, o.group)], []).append(o)
     per: dict[str, tuple[dict[int, float], float | None]] = {}
     for g, mine in sorted(samples.items()):
         members = sorted({o.rank for o in mine})
         if len(members) >= 2:
-            lags, period = _lags(mine, members, start, end)
+            lags, period = _lags(mine, members, start, end, names)
             if lags:
                 per[g] = (lags, period)
     floors = {g: _lag_floor(p) for g, (_l, p) in per.items()}
@@ -277,9 +297,11 @@ def _groups_verdict(live: Sequence[int], obs: Sequence[Observation], start: floa
     mine_slow = tuple(g for g in x.slow if x.late[g] == x.origin)
     ps = [p for g in mine_slow if (p := per[g][1]) is not None]
     period = statistics.median(ps) if ps else None
-    med = statistics.median(x.values.values())
+    # its lag behind the partners it was late for (in a peer's median over its groups, rank 2's lateness at
+    # the dp all-reduce where it had waited for rank 3 in tp would count against it)
+    med = statistics.median(v for g in mine_slow for r, v in per[g][0].items() if r != x.origin)
     slack = _slack(x.values, (x.origin,), med, period, busy, live)
-    if slack is not None and slack > SLACK_MAX:
+    if _absorbed(slack, (x.origin,), busy, live):
         return None
     return WindowVerdict(start, end, "lag", x.values, (x.origin,), med, med + min(floors[g] for g in mine_slow),
                          period, slack, periods(obs, start, end), groups=mine_slow,
@@ -291,16 +313,9 @@ def groups_evidence(w: WindowVerdict, r: int) -> list[Evidence]:
     if not w.groups or r not in w.suspects:
         return []
     return [Evidence("ebpf", f"rank {r} arrives last in every process group it belongs to, "
-                     f"{' and '.join(group_label(g, w.members.get(g, ())) for g in w.groups)}: "
+                     f"{' and '.join(collgroups.label(g, w.members.get(g, ())) for g in w.groups)}: "
                      "the intersection of the slow groups", rank=r,
                      data={"groups": list(w.groups), "members": {g: list(w.members.get(g, ())) for g in w.groups}})]
-
-
-def group_label(name: str, members: Sequence[int]) -> str:
-    """A process group as people know it: by its member ranks (the probe's name, ``gloo:1``, only says
-    it was the rank's second group to be used), the name kept beside them; the name alone when its
-    members are not known."""
-    return f"{ranks_text(members)} ({name})" if members else name
 
 
 def confirm(job: Job, history: Sequence[WindowVerdict], k: int = CONFIRM) -> Incident | None:

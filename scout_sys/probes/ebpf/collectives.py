@@ -16,6 +16,8 @@ opened through /proc/PID/root so containers work):
 The Gloo sequence number is the process group's own tag counter (read from ``this`` at the offset
 ``nextTag()`` uses, found by decoding its first instruction), so it is the same on every rank even
 when the probe attached mid-run. When that decoding fails, the kernel counts calls from attach.
+A Gloo group's global ranks are read once from the rank's memory at the group's address
+(glooranks.py), so that the same name on two ranks can be told apart from the same group.
 
 Symbols are read from the ELF symbol tables with bcc's resolver; torch is never imported.
 """
@@ -32,11 +34,13 @@ from typing import Any
 
 from scout_sys.errors import ProbeUnavailable
 from scout_sys.model import CollectiveSample, Fingerprint, Job, Observation
+from scout_sys.probes.ebpf import glooranks
 from scout_sys.probes.ebpf._common import (
     BccProbe,
     Clock,
     attach_mode_reason,
     common_reason,
+    host_pid,
     mapped_libs,
     render,
 )
@@ -176,7 +180,8 @@ class _Lib:
 
 
 def _gloo_symbols(path: str) -> dict[str, int]:
-    return function_symbols(path, rb"_ZNK?4(?:c10d16ProcessGroupGloo|gloo9transport3tcp13UnboundBuffer)[^\x00]*")
+    return function_symbols(
+        path, rb"_ZNK?4(?:c10d16ProcessGroupGloo|c10d7BackendC[12]Eii|gloo9transport3tcp13UnboundBuffer)[^\x00]*")
 
 
 def _nccl_symbols(path: str) -> dict[str, int]:
@@ -202,6 +207,10 @@ class CollectiveProbe(BccProbe):
         self._libs: list[_Lib] = []
         self.attached: list[str] = []  # "path: symbol" per uprobe, for people and tests
         self.tag_off: int | None = None
+        self.gloo_off: glooranks.GlooOffsets | None = None  # where a Gloo group keeps its members
+        self._members: dict[tuple[int, int, int], tuple[int, ...]] = {}  # (tgid, group, first_ns) -> ranks
+        self._pids: dict[int, int] = {}  # host tgid -> pid in our /proc
+        self._world = 0
 
     # -- contract
 
@@ -217,6 +226,9 @@ class CollectiveProbe(BccProbe):
                 self.tag_off = tag_offset(read_code(lib.open_path, lib.symbols[NEXT_TAG], 16))
         if self.tag_off is None and any(lib.kind == LIB_GLOO for lib in self._libs):
             self.notes.append("Gloo tag counter not found: sequence numbers count from attach")
+        self._find_gloo_offsets()
+        self._pids = {host_pid(r.pid): r.pid for r in job.ranks}
+        self._world = job.world_size
         return render(self.program, {
             "MAX_PIDS": self.max_pids, "MAX_GROUPS": self.max_groups, "MAX_THREADS": self.max_threads,
             "HIST": self.history, "TI_OFF": LAYOUT.offset, "TI_LEN": LAYOUT.length,
@@ -260,6 +272,7 @@ class CollectiveProbe(BccProbe):
                 else:
                     inside = bool(g.inside)
                     completed = None
+                members = self._gloo_members(tgid, rank, ptr, g.first_ns) if lib == LIB_GLOO else ()
                 out.append(CollectiveSample(
                     time=now, rank=rank, pid=tgid, backend=BACKENDS[lib], group=f"{BACKENDS[lib]}:{index}",
                     seq=last.seq if last else 0,
@@ -269,11 +282,33 @@ class CollectiveProbe(BccProbe):
                     last=last, recent=tuple(recent), p2p=int(g.p2p),
                     waiting_peer=waiting.get(tgid) if lib == LIB_GLOO else None,
                     bytes_sent=int(w.last_sent) if (lib == LIB_GLOO and w and w.done) else None,
-                    group_ptr=int(ptr),
+                    group_ptr=int(ptr), members=members,
                 ))
         return out
 
     # -- details
+
+    def _find_gloo_offsets(self) -> None:
+        for lib in self._libs:
+            ctor = next((lib.symbols[s] for s in glooranks.BACKEND_CTORS if s in lib.symbols), None)
+            if lib.kind != LIB_GLOO or glooranks.GROUP_RANKS not in lib.symbols or ctor is None:
+                continue
+            self.gloo_off = glooranks.offsets(read_code(lib.open_path, lib.symbols[glooranks.GROUP_RANKS], 32),
+                                              read_code(lib.open_path, ctor, 64))
+            if self.gloo_off is not None:
+                return
+        if any(lib.kind == LIB_GLOO for lib in self._libs):
+            self.notes.append("Gloo groups' members not found in this torch build: a group is known by the "
+                              "order of its first use on each rank")
+
+    def _gloo_members(self, tgid: int, rank: int, ptr: int, first_ns: int) -> tuple[int, ...]:
+        """The global ranks of a rank's Gloo group, read once (glooranks.py); () when not known."""
+        key = (tgid, int(ptr), int(first_ns))
+        if key not in self._members:
+            off, pid = self.gloo_off, self._pids.get(tgid)
+            self._members[key] = (() if off is None or pid is None else
+                                  glooranks.members(glooranks.proc_reader(pid), int(ptr), off, rank, self._world))
+        return self._members[key]
 
     def nccl_returns(self) -> dict[tuple[int, int], int]:
         """(tgid, comm) -> last NCCL return code (ncclResult_t)."""
