@@ -20,6 +20,7 @@ gives a person around its events:
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -83,12 +84,12 @@ class ClusterSource(ClusterWatcher, Sessioned):
     can_replay = False  # replay runs beside one host's ranks (watch --job), not from the store
 
     def __init__(self, connect: Callable[[], Client], config: WatchConfig | None = None, *, store: str,
-                 say: Callable[[str], None] = lambda _t: None, **kw: Any) -> None:
-        """``store``: HOST:PORT, for people; ``config`` and ``kw``: ClusterWatcher's (its settings, clock);
-        bundles go under ``config.state_dir``."""
+                 say: Callable[[str], None] = lambda _t: None, clock: Callable[[], float] = time.time) -> None:
+        """``store``: HOST:PORT, for people; ``config`` and ``clock``: ClusterWatcher's; bundles go under
+        ``config.state_dir``."""
         self._src_outer_say = say
         self._src_said: deque[str] = deque(maxlen=10)
-        super().__init__(lambda: _Tap(connect()), config, say=self._src_say, **kw)
+        super().__init__(lambda: _Tap(connect()), config, say=self._src_say, clock=clock)
         self.store_name = store
         self.session = Session(self.config.state_dir)  # sinks, snapshot, bundles: as for watch --job
         self.started = self.clock()

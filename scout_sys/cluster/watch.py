@@ -35,6 +35,7 @@ from scout_sys.watch.progress import majority_of
 
 LOST_AFTER = 5.0  # seconds without a new heartbeat: the agent is lost
 RETRY_EVERY = 2.0
+DEFAULT_CONFIG = WatchConfig(interval=1.0)  # heartbeats come every second or so: polling faster reads the same
 
 
 class Client(Protocol):
@@ -69,12 +70,11 @@ class Seen:
 
 class ClusterWatcher:
     def __init__(self, connect: Callable[[], Client], config: WatchConfig | None = None, *,
-                 clock: Callable[[], float] = time.time, say: Callable[[str], None] = lambda _t: None,
-                 **settings: Any) -> None:
+                 clock: Callable[[], float] = time.time, say: Callable[[str], None] = lambda _t: None) -> None:
         """``connect``: a new client of the store (called again after the store was unreachable);
-        ``config``: the watch's settings this one reads (interval, stall_after, state_dir), the default
-        interval 1 s; ``settings``: some of them given one by one, over ``config``."""
-        self.config = (config or WatchConfig(interval=1.0)).with_settings(settings)
+        ``config``: the watch's settings this one reads (interval, stall_after, state_dir), one value
+        (None: :data:`DEFAULT_CONFIG`, its interval 1 s)."""
+        self.config = config or DEFAULT_CONFIG
         self.connect, self.clock, self.say = connect, clock, say
         self.client: Client | None = None
         self._unreachable = False

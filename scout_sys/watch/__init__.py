@@ -73,10 +73,9 @@ class Watcher(Sessioned):
     can_replay = True  # the dashboard's `r` (replay_now says when it cannot start a round)
 
     def __init__(self, selector: str, config: WatchConfig | None = None, *, clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep, **settings: Any) -> None:
-        """``config``: how to follow the job (watch/config.py); ``settings``: some of its fields given one
-        by one instead (``Watcher(sel, interval=0.5, ebpf=False)``), over ``config``."""
-        self.config = config = (config or WatchConfig()).with_settings(settings)
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        """``config``: how to follow the job, one value (watch/config.py; None: its defaults)."""
+        self.config = config = config or WatchConfig()
         self.selector = selector
         self.session = Session(config.state_dir)  # sinks, snapshot, bundles: as for watch --cluster
         self.clock = clock
