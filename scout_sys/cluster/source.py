@@ -34,7 +34,7 @@ from scout_sys.cluster.watch import AgentEvent, Client, ClusterWatcher
 from scout_sys.consensus import hardware
 from scout_sys.consensus.kinds import HANG_KINDS
 from scout_sys.errors import ScoutError, StoreUnreachable
-from scout_sys.model import Diagnosis, Event, Incident, Job, ProcSample, Rank, RankView, Snapshot
+from scout_sys.model import Diagnosis, Event, Incident, Job, ProcSample, Rank, RankView
 from scout_sys.model_job import WIRE, job_to_json, layout_fields
 from scout_sys.watch import bundle
 from scout_sys.watch.config import WatchConfig
@@ -201,16 +201,10 @@ class ClusterSource(ClusterWatcher, Sessioned):
             self.waiting = None
         elif self.snapshot is None:
             return
-        notes = [*(d.notes if d is not None else ()), *self._src_said]
-        self.session.snapshot = Snapshot(
-            time=now, started=self.started, job=job, views=dict(self._src_views.views),
-            incidents=tuple(self.book.open.values()), closed=tuple(self.book.closed),
-            probes=dict(d.probes) if d is not None else {}, stall_after=self.stall_after,
-            stacks=dict(self._src_views.stacks), devices=dict(self._src_devices), bundle=self.session.bundle,
-            notes=tuple(notes[-10:]),
-            pauses={b.rank: b.pause for n in up for b in entries[n]},
-            agents=tuple(self._src_agents()),
-        )
+        self.session.publish(now, self.started, job, hang=self.hang, book=self.book, views=self._src_views,
+                             probes=d.probes if d is not None else {}, devices=self._src_devices,
+                             notes=[*(d.notes if d is not None else ()), *self._src_said],
+                             pauses={b.rank: b.pause for n in up for b in entries[n]}, agents=tuple(self._src_agents()))
 
     def _src_unanswered(self, d: Diagnosis | None) -> set[int]:
         """Ranks the last window could not see (their agent did not answer), until that agent reports

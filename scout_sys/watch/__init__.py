@@ -40,7 +40,6 @@ from scout_sys.model import (
     Job,
     Observation,
     ProcSample,
-    Snapshot,
     StackSample,
 )
 from scout_sys.monitor import Monitor, default_probes
@@ -354,18 +353,15 @@ class Watcher(Sessioned):
             "procfs", self._notes.append)
 
     def _publish(self) -> None:
+        """This poll's snapshot (watch/session.py), with what only one host has: step times and wait
+        fractions, the eBPF sequences and lost records, whether the job ended."""
         assert self.job is not None and self.monitor is not None
-        self.session.snapshot = Snapshot(
-            time=self.clock(), started=self.started, job=self.job, views=dict(self.views.views),
-            incidents=tuple(self.book.open.values()), closed=tuple(self.book.closed),
-            probes=dict(self.monitor.probe_status), stall_after=self.stall_after,
+        self.session.publish(
+            self.clock(), self.started, self.job, hang=self.hang, book=self.book, views=self.views,
+            probes=self.monitor.probe_status, devices=self._devices, notes=self._notes, pauses=self.progress.pauses(),
             step_times={r: tuple(v) for r, v in self.stragglers.period.items()},
             wait_fractions={r: tuple(1.0 - x for x in v) for r, v in self.stragglers.busy.items()},
-            stacks=dict(self.views.stacks), devices=dict(self._devices), ended=self.ended, bundle=self.session.bundle,
-            notes=tuple(self._notes[-10:]), pauses=self.progress.pauses(), seqs=self.progress.seqs(),
-            lost_events=self.monitor.lost_events(),
-        )
-
+            ended=self.ended, seqs=self.progress.seqs(), lost_events=self.monitor.lost_events())
 
 def _poll_rule(job: Job, obs: Sequence[Observation], kind: str) -> list[Incident]:
     """A poll's findings of ``kind``, as its rules return them (consensus/rules.py)."""
