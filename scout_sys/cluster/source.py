@@ -126,7 +126,6 @@ class ClusterSource(ClusterWatcher, Sessioned):
             self._src_beats = tap.beats
             if self.last is not self._src_shown:
                 self._src_answers = tap.answers
-        events = [self._src_with_bundle(e) for e in events]
         for e in events:
             if isinstance(e, AgentEvent):
                 if e.event == "agent_lost":
@@ -154,19 +153,16 @@ class ClusterSource(ClusterWatcher, Sessioned):
         self.client = None
 
     # ------------------------------------------------------------------ evidence bundles
-    def _src_with_bundle(self, e: Event | AgentEvent) -> Event | AgentEvent:
-        """A new hang-like incident: save its bundle, and add where it went to the incident."""
-        if not isinstance(e, Event) or e.event != "incident_opened" or e.incident.kind not in HANG_KINDS:
-            return e
-        inc, path = self.session.save_bundle(
-            e.incident, lambda state_dir: save_bundle(state_dir, e.incident, self.last, self.cluster,
-                                                      self._src_answers, self._src_beats),
+    def _on_open(self, inc: Incident) -> tuple[Incident, str | None]:
+        """A new hang-like incident: save its bundle (the heartbeats and window answers this poll read),
+        and add where it went to the incident."""
+        tap = self.client
+        if inc.kind not in HANG_KINDS or not isinstance(tap, _Tap):
+            return inc, None
+        beats, answers = tap.beats, tap.answers
+        return self.session.save_bundle(
+            inc, lambda state_dir: save_bundle(state_dir, inc, self.last, self.cluster, answers, beats),
             "cluster", self._src_say)
-        if path is None:
-            return e
-        if self.book.open.get(inc.key()) is e.incident:
-            self.book.open[inc.key()] = inc  # the book keeps it ("bundle" evidence stays for life)
-        return replace(e, incident=inc, bundle=path)
 
     # ------------------------------------------------------------------ the snapshot
     def _src_publish(self) -> None:

@@ -122,8 +122,13 @@ class ClusterWatcher:
                                      window=lambda: self._window(client))
         if judged is not None:
             unobserved = frozenset(u["rank"] for u in self.cluster.get("not_observed", ()))
-            events += self.book.reconcile(judged, self.clock(), None, unobserved=unobserved)
+            events += self.book.reconcile(judged, self.clock(), None, on_open=self._on_open, unobserved=unobserved)
         return events
+
+    def _on_open(self, inc: Incident) -> tuple[Incident, str | None]:
+        """A new incident, as the book will keep and publish it, and its bundle's folder: here as it is,
+        none (ClusterSource saves one, as the one-host Watcher does: watch/incidents.py OnOpen)."""
+        return inc, None
 
     def _reading(self, beats: dict[int, tuple[Heartbeat | None, str]], now: float) -> Reading:
         """The heartbeats' reading of the job's progress (watch/hang.py), over the agents not lost."""
