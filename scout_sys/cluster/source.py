@@ -102,10 +102,6 @@ class ClusterSource(ClusterWatcher, Sessioned):
         self._src_shown: Diagnosis | None = None  # the window the views show
         self._src_devices: dict[int, dict[str, object]] = {}
 
-    @property
-    def ever_opened(self) -> bool:
-        return self.book.ever_opened
-
     def _src_say(self, text: str) -> None:
         self._src_said.append(text)
         self._src_outer_say(text)

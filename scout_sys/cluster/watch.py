@@ -32,6 +32,7 @@ from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch, Reading
 from scout_sys.watch.incidents import IncidentBook
 from scout_sys.watch.progress import majority_of
+from scout_sys.watch.session import EngineParts
 
 LOST_AFTER = 5.0  # seconds without a new heartbeat: the agent is lost
 RETRY_EVERY = 2.0
@@ -68,7 +69,7 @@ class Seen:
     age: float
 
 
-class ClusterWatcher:
+class ClusterWatcher(EngineParts):
     def __init__(self, connect: Callable[[], Client], config: WatchConfig | None = None, *,
                  clock: Callable[[], float] = time.time, say: Callable[[str], None] = lambda _t: None) -> None:
         """``connect``: a new client of the store (called again after the store was unreachable);
@@ -86,14 +87,6 @@ class ClusterWatcher:
         self._ranks: dict[int, Seen] | None = None
         self._beats: dict[int, tuple[int, float]] = {}  # node -> (seq, when we saw it change)
         self._lost: set[int] = set()
-
-    @property
-    def stall_after(self) -> float:
-        return self.hang.stall_after
-
-    @property
-    def interval(self) -> float:
-        return self.config.interval
 
     @property
     def ranks(self) -> dict[int, Seen]:
@@ -200,4 +193,4 @@ class ClusterWatcher:
             for e in events:
                 on_event(e)
             stop.wait(max(0.0, self.interval - (self.clock() - t0)))
-        return 1 if self.book.ever_opened else 0
+        return 1 if self.ever_opened else 0

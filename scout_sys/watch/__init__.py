@@ -53,7 +53,7 @@ from scout_sys.watch.progress import Progress, Rotation
 from scout_sys.watch.restart import ENDED, FOUND, SAME, RankFinder, selector_pids
 from scout_sys.watch.sample import cheap_sample
 from scout_sys.watch.sample import dead as _dead
-from scout_sys.watch.session import Session, Sessioned
+from scout_sys.watch.session import EngineParts, Session, Sessioned
 from scout_sys.watch.straggler import StragglerWatch, with_replay
 from scout_sys.watch.views import Views
 
@@ -63,7 +63,7 @@ WAITING_TEXT = "waiting for the job's ranks…"
 __all__ = ["HANG_KINDS", "WAITING_TEXT", "WatchConfig", "Watcher"]
 
 
-class Watcher(Sessioned):
+class Watcher(Sessioned, EngineParts):
     """A live job, polled every ``interval`` seconds; a :class:`~scout_sys.tui.source.Source`, every
     member of which it answers itself (the engine does not import the dashboard)."""
 
@@ -104,18 +104,6 @@ class Watcher(Sessioned):
         self._native_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
-    @property
-    def stall_after(self) -> float:
-        return self.hang.stall_after
-
-    @property
-    def interval(self) -> float:
-        return self.config.interval
-
-    @property
-    def ever_opened(self) -> bool:
-        return self.book.ever_opened
-
     def start(self) -> None:
         """Find the job (raises when the selector names nothing); its ranks may come later."""
         self.started = self.clock()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from scout_sys.exporters import feed
 from scout_sys.model import Evidence, Incident, Job, Snapshot
 from scout_sys.watch import bundle
+from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.hang import HangWatch
 from scout_sys.watch.incidents import IncidentBook
 from scout_sys.watch.views import Views
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 L = TypeVar("L", bound=Sequence[Any])
 NOTES_KEPT = 10  # the snapshot's notes: the latest few
 
-__all__ = ["Session", "Sessioned"]
+__all__ = ["EngineParts", "Session", "Sessioned"]
 
 
 class Session:
@@ -95,3 +96,25 @@ class Sessioned:
     @property
     def snapshot(self) -> Snapshot | None:
         return self.session.snapshot
+
+
+class EngineParts:
+    """The engine's parts every live watch holds (``config``: its settings; ``hang``: the
+    :class:`~scout_sys.watch.hang.HangWatch`; ``book``: the
+    :class:`~scout_sys.watch.incidents.IncidentBook`) and what it answers from them."""
+
+    config: WatchConfig
+    hang: HangWatch
+    book: IncidentBook
+
+    @property
+    def stall_after(self) -> float:
+        return self.hang.stall_after
+
+    @property
+    def interval(self) -> float:
+        return self.config.interval
+
+    @property
+    def ever_opened(self) -> bool:
+        return self.book.ever_opened
