@@ -85,6 +85,9 @@ class _Methods:
     def diagnose_now(self, window: float = 3.0) -> Any:
         raise NotImplementedError
 
+    def interrupt(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

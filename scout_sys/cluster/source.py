@@ -142,6 +142,9 @@ class ClusterSource(ClusterWatcher, Sessioned):
     def replay_now(self) -> bool:
         return False  # can_replay: no replay from here
 
+    def interrupt(self) -> None:
+        """Nothing to stop: a whole-job window is the agents' (each ends its own at the window's end)."""
+
     def close(self) -> None:
         close = getattr(self.client, "close", None)
         if close is not None:
