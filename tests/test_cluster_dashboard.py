@@ -27,6 +27,7 @@ from scout_sys.cluster.client import ClusterClient
 from scout_sys.cluster.source import ClusterSource
 from scout_sys.tui.app import make_app
 from scout_sys.tui.widgets import HeaderBar, RankGrid
+from scout_sys.watch.config import WatchConfig
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="agents read the ranks' stacks (py-spy): run as root")]
@@ -87,7 +88,7 @@ def test_dashboard_events_file_bundle_and_metrics_of_a_hang_on_node_1(cluster, t
     w = Headless(c, tmp_path)
     host, port = c.store.split(":")
     src = ClusterSource(lambda: ClusterClient((host, int(port)), wire.read_token(str(c.token))), store=c.store,
-                        state_dir=str(tmp_path / "dash"), stall_after=3.0, interval=1.0)
+                        config=WatchConfig(state_dir=str(tmp_path / "dash"), stall_after=3.0, interval=1.0))
     try:
         rc = asyncio.run(_drive(c, src, w))
     finally:

@@ -13,6 +13,7 @@ from test_cluster_watch import STALL, Script
 
 from scout_sys.cluster.source import ClusterSource
 from scout_sys.tui.source import Source
+from scout_sys.watch.config import WatchConfig
 
 
 class Recorder:
@@ -42,7 +43,8 @@ def _poll(src: ClusterSource, s: Script, seconds: int, nodes=(0, 1)) -> list:
 
 def test_snapshot_by_host_bundle_sinks_and_a_lost_agent(tmp_path):
     s = Script()
-    src = ClusterSource(lambda: s, store="node0:29450", state_dir=str(tmp_path / "state"), clock=lambda: s.now)
+    src = ClusterSource(lambda: s, WatchConfig(interval=1.0, state_dir=str(tmp_path / "state")), store="node0:29450",
+                        clock=lambda: s.now)
     assert isinstance(src, Source) and src.snapshot is None and src.waiting
     rec = Recorder()
     src.sinks.append(rec)

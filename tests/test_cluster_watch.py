@@ -10,6 +10,7 @@ from scout_sys.cluster import heartbeat
 from scout_sys.cluster.heartbeat import RankBeat
 from scout_sys.cluster.watch import LOST_AFTER, ClusterWatcher
 from scout_sys.model import ATTRIBUTED, HANG, PROCESS_STALL, Diagnosis, Incident, Job
+from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.hang import MIN_GAPS, MIN_STALL_AFTER
 from scout_sys.watch.progress import STACK
 
@@ -170,7 +171,7 @@ def test_stall_after_adapts_to_healthy_stretches_like_the_single_host_watch():
     # 2.5 times the recent steady gap (0.3 + 3 s); until it was known, each stretch cost a window
     assert w.stall_after == pytest.approx(2.5 * 3.3)
     assert s.windows > 0 and not w.book.ever_opened
-    fixed = ClusterWatcher(lambda: s, clock=lambda: s.now, stall_after=2.0)
+    fixed = ClusterWatcher(lambda: s, WatchConfig(interval=1.0, stall_after=2.0), clock=lambda: s.now)
     assert fixed.stall_after == 2.0
 
 

@@ -25,7 +25,7 @@ from scout_sys.exporters.prometheus import PrometheusExporter
 from scout_sys.job import find_job
 from scout_sys.model import ATTRIBUTED, HANG
 from scout_sys.tui.app import make_app
-from scout_sys.watch import Watcher
+from scout_sys.watch import WatchConfig, Watcher
 
 pytestmark = pytest.mark.slow
 AS_ROOT = ["--on-incident-user", "root"] if os.geteuid() == 0 else []
@@ -132,7 +132,7 @@ def test_a_hanging_hook_is_killed_and_a_failing_one_reported_while_the_watch_goe
 def test_the_dashboards_polls_feed_the_sinks(start_job, tmp_path) -> None:
     job = start_job(4)
     job.wait_steps(1, timeout=120)
-    w = Watcher(str(job.pid), interval=0.5, state_dir=str(tmp_path), ebpf=False)
+    w = Watcher(str(job.pid), config=WatchConfig(interval=0.5, state_dir=str(tmp_path), ebpf=False))
     prom = PrometheusExporter("127.0.0.1:0", job_name="dash")
     sinks = Sinks([prom, EventsFile(str(tmp_path / "events.jsonl"))], print)
     w.start()

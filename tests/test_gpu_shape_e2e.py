@@ -74,7 +74,7 @@ def test_healthy_spin_waiting_jobs_stay_healthy(start_job, how):
 
 
 def test_desync_in_the_gpu_shape_is_named_from_the_collective_sequence(start_job, tmp_path):
-    from scout_sys.watch import Watcher
+    from scout_sys.watch import WatchConfig, Watcher
     from tests._ebpf_jobs import ebpf_skip_reason
 
     if ebpf_skip_reason():
@@ -84,7 +84,7 @@ def test_desync_in_the_gpu_shape_is_named_from_the_collective_sequence(start_job
     go = tmp_path / "go"
     job = start_job(4, fault="desync", fault_rank=2, fault_step=3, args=["--sync", "spin", "--fault-when", str(go)])
     job.wait_steps(1, timeout=120)
-    with Watcher(str(job.pid), stall_after=5, state_dir=str(tmp_path)) as w:
+    with Watcher(str(job.pid), config=WatchConfig(stall_after=5, state_dir=str(tmp_path))) as w:
         w.monitor.wait_started(timeout=120)
         assert w.monitor.probe_status.get("ebpf-collectives") is None, w.monitor.probe_status
         for _ in range(4):

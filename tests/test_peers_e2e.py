@@ -14,7 +14,7 @@ import pytest
 from scout_sys.consensus import peers
 from scout_sys.consensus.peers import LEARNED
 from scout_sys.model import STRAGGLER
-from scout_sys.watch import Watcher
+from scout_sys.watch import WatchConfig, Watcher
 from tests.conftest import JOBS, origins, scout
 from tests.test_watch import _poll_until
 
@@ -36,7 +36,7 @@ def test_megatron_straggler_named_against_learned_peers(start_job, tmp_path):
     compared = [e for e in d["incidents"][0]["evidence"] if "peers" in e]
     assert compared and compared[0]["peers"] == [0, 2, 3], d["incidents"][0]["evidence"]
     # the watch, the same way: its peers learned at its first process-group sample, then 3 windows in a row
-    with Watcher(str(job.pid), ebpf=False, replay=False, state_dir=str(tmp_path)) as w:
+    with Watcher(str(job.pid), config=WatchConfig(ebpf=False, replay=False, state_dir=str(tmp_path))) as w:
         evs = _poll_until(w, lambda e: e.event == "incident_opened" and e.incident.kind == STRAGGLER, timeout=60)
         assert w.job is not None and peers.is_learned(w.job) and w.job.peer_groups == ((0, 2), (1, 3))
         assert w.snapshot is not None and peers.is_learned(w.snapshot.job)  # what the dashboard draws

@@ -18,7 +18,7 @@ import pytest
 
 from scout_sys.tui.app import make_app
 from scout_sys.tui.widgets import HeaderBar, RankGrid, StackTree, TextScreen
-from scout_sys.watch import Watcher
+from scout_sys.watch import WatchConfig, Watcher
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_pilot_on_a_real_hang(start_job: Any, tmp_path: Any) -> None:
     job = start_job(4, fault="hang", fault_rank=2)
     job.wait_steps(1, timeout=120)
-    w = Watcher(str(job.pid), interval=0.5, stall_after=STALL_AFTER, state_dir=str(tmp_path), ebpf=False)
+    w = Watcher(str(job.pid), config=WatchConfig(interval=0.5, stall_after=STALL_AFTER, state_dir=str(tmp_path),
+                                             ebpf=False))
     w.start()
     try:
         asyncio.run(_drive(job, w, tmp_path))

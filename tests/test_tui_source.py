@@ -19,14 +19,15 @@ from scout_sys.tui.source import (
     report_json,
 )
 from scout_sys.tui.synthetic import ScriptedSource, synthetic_snapshot
-from scout_sys.watch import Watcher
+from scout_sys.watch import WatchConfig, Watcher
 
 
 def _sources(tmp_path: Any) -> dict[str, Any]:
     snap = synthetic_snapshot(4, hung=2)
     return {
-        "watch --job": Watcher("999999999", ebpf=False, state_dir=str(tmp_path / "w")),
-        "watch --cluster": ClusterSource(lambda: None, store="node0:29450", state_dir=str(tmp_path / "c")),
+        "watch --job": Watcher("999999999", config=WatchConfig(ebpf=False, state_dir=str(tmp_path / "w"))),
+        "watch --cluster": ClusterSource(lambda: None, config=WatchConfig(interval=1.0, state_dir=str(tmp_path / "c")),
+                                          store="node0:29450"),
         "saved report": ReportSource(report_json(snap)),
         "scripted": ScriptedSource([(snap, [])]),
     }
@@ -83,6 +84,9 @@ class _Methods:
 
     def diagnose_now(self, window: float = 3.0) -> Any:
         raise NotImplementedError
+
+    def interrupt(self) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -15,7 +15,7 @@ import pytest
 
 from scout_sys.demo.launch import free_port
 from scout_sys.model import ATTRIBUTED, HANG, STRAGGLER
-from scout_sys.watch import Watcher
+from scout_sys.watch import WatchConfig, Watcher
 from scout_sys.watch.hang import MIN_STALL_AFTER
 from tests._host import ebpf_reason
 
@@ -147,7 +147,7 @@ def test_straggler_extra_compute(start_job, tmp_path):
     # without eBPF: the busy share names it, and no 10-50 s of probe compiles load the shared cores; the
     # default path (eBPF's arrival lag included) is test_straggler_e2e.py's: watch at its defaults on a
     # tensor-parallel compute straggler and on a throttled one
-    with Watcher(str(job.pid), state_dir=str(tmp_path), ebpf=False) as w:
+    with Watcher(str(job.pid), config=WatchConfig(state_dir=str(tmp_path), ebpf=False)) as w:
         job.wait_fault()
         evs = _poll_until(w, lambda e: e.event == "incident_opened" and e.incident.kind == STRAGGLER, timeout=60)
     opened = [e.incident for e in evs if e.event == "incident_opened"]
@@ -197,7 +197,7 @@ def test_elastic_restart_is_followed(start_job, tmp_path):
     job = start_job(4, fault="exit", fault_rank=1, fault_step=30, args=["--fault-once"],
                     torchrun_args=["--max-restarts", "1"])
     job.wait_steps(2)
-    with Watcher(str(job.pid), ebpf=False, state_dir=str(tmp_path)) as w:
+    with Watcher(str(job.pid), config=WatchConfig(ebpf=False, state_dir=str(tmp_path))) as w:
         before = {r.pid for r in w.job.ranks}
         end = time.time() + 60
         while time.time() < end:
@@ -246,7 +246,7 @@ def test_sigterm_stops_watch_cleanly(start_job, watch_cli, tmp_path):
 def test_first_rank_to_die_is_named_when_torchrun_kills_the_rest(start_job, tmp_path):
     job = start_job(4)
     job.wait_steps(2)
-    with Watcher(str(job.pid), state_dir=str(tmp_path)) as w:
+    with Watcher(str(job.pid), config=WatchConfig(state_dir=str(tmp_path))) as w:
         w.monitor.wait_started()
         assert w.monitor.probe_status.get("ebpf-sched") is None, w.monitor.probe_status
         w.poll()

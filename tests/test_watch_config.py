@@ -6,7 +6,9 @@ import argparse
 
 import pytest
 
+from scout_sys.cluster.watch import ClusterWatcher
 from scout_sys.errors import ScoutError
+from scout_sys.watch import Watcher
 from scout_sys.watch.config import WatchConfig
 
 
@@ -27,7 +29,13 @@ def test_from_args_refuses_values_that_are_not_positive(bad: dict) -> None:
         WatchConfig.from_args(_args(**bad))
 
 
-def test_settings_one_by_one_override_the_config_and_unknown_ones_are_refused() -> None:
-    assert WatchConfig(interval=1.0).with_settings({"stall_after": 3.0}) == WatchConfig(interval=1.0, stall_after=3.0)
-    with pytest.raises(TypeError, match="intervall"):
-        WatchConfig().with_settings({"intervall": 1.0})
+def test_the_watchers_take_their_settings_as_one_value_only() -> None:
+    config = WatchConfig(interval=1.5, stall_after=3.0, ebpf=False)
+    assert Watcher("999999999", config).config is config
+    assert Watcher("999999999").config == WatchConfig()
+    assert ClusterWatcher(lambda: None, config).config is config
+    assert ClusterWatcher(lambda: None).config == WatchConfig(interval=1.0)
+    with pytest.raises(TypeError):
+        Watcher("999999999", interval=1.0)
+    with pytest.raises(TypeError):
+        ClusterWatcher(lambda: None, stall_after=2.0)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from scout_sys.model import ATTRIBUTED, DESYNC
-from scout_sys.watch import Watcher
+from scout_sys.watch import WatchConfig, Watcher
 from scout_sys.watch.hang import DESYNC_SIGNAL
 
 pytestmark = [pytest.mark.slow, pytest.mark.ebpf]
@@ -24,7 +24,7 @@ def test_a_fingerprint_desync_is_confirmed_within_a_poll_or_two_at_the_defaults(
     job = start_job(4, fault="desync", fault_rank=2, fault_step=3,
                     args=["--step-time", "0.02", "--log-every", "50", "--fault-when", str(go)])
     job.wait_steps(1, timeout=120)
-    with Watcher(str(job.pid), state_dir=str(tmp_path), replay=False) as w:
+    with Watcher(str(job.pid), config=WatchConfig(state_dir=str(tmp_path), replay=False)) as w:
         w.monitor.wait_started(timeout=120)
         assert w.monitor.probe_status.get("ebpf-collectives") is None, w.monitor.probe_status
         for _ in range(4):

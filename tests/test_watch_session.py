@@ -3,7 +3,10 @@ poll, a new incident's bundle named on it (pure: a temporary folder, no processe
 
 from __future__ import annotations
 
+from scout_sys.watch.hang import HangWatch
+from scout_sys.watch.incidents import IncidentBook
 from scout_sys.watch.session import Session
+from scout_sys.watch.views import Views
 from tests.test_exporters import HANG_2, _snapshot
 
 
@@ -47,3 +50,20 @@ def test_a_bundle_is_named_on_its_incident_and_a_failed_one_said_not_raised(tmp_
     same, none = session.save_bundle(HANG_2, fails, "procfs", said.append)
     assert same is HANG_2 and none is None and session.bundle == path
     assert said == [f"cannot save the evidence bundle under {tmp_path}: [Errno 13] Permission denied"]
+
+
+def test_the_snapshot_is_made_from_the_engines_parts_plus_what_one_source_alone_has(tmp_path) -> None:
+    session, base = Session(str(tmp_path)), _snapshot()
+    book, views = IncidentBook(), Views()
+    book.reconcile([HANG_2], base.time, None)
+    views.views, views.stacks = dict(base.views), {2: ("train.py:9 load_next_batch_stuck",)}
+    session.bundle = "/b/x"
+    notes = [f"note {i}" for i in range(12)]
+    snap = session.publish(base.time, base.started, base.job, hang=HangWatch(4.0), book=book, views=views,
+                           probes={"procfs": None}, devices={0: {"index": 3}}, notes=notes, pauses={2: 7.5},
+                           agents=({"node": 1},))
+    assert snap is session.snapshot and (snap.time, snap.started, snap.job) == (base.time, base.started, base.job)
+    assert [i.key() for i in snap.incidents] == [HANG_2.key()] and snap.closed == ()
+    assert snap.views == base.views and snap.stacks == views.stacks and snap.stall_after == 4.0
+    assert (snap.probes, snap.devices, snap.pauses, snap.bundle) == ({"procfs": None}, {0: {"index": 3}}, {2: 7.5}, "/b/x")
+    assert snap.notes == tuple(notes[-10:]) and snap.agents == ({"node": 1},) and snap.step_times == {}

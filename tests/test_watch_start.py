@@ -16,7 +16,7 @@ from scout_sys.demo.launch import DemoJob
 from scout_sys.model import ATTRIBUTED, HANG, INCONCLUSIVE
 from scout_sys.tui.app import make_app
 from scout_sys.tui.widgets import HeaderBar, RankGrid
-from scout_sys.watch import WAITING_TEXT, Watcher
+from scout_sys.watch import WAITING_TEXT, WatchConfig, Watcher
 from tests.test_watch import WatchCli
 
 pytestmark = pytest.mark.slow
@@ -102,7 +102,7 @@ def test_dashboard_started_before_the_ranks_shows_the_culprit(tmp_path):
     job = DemoJob(4, fault="hang", fault_rank=1, fault_step=30, args=["--sync", "wait"])
     job.start()
     try:
-        w = Watcher(str(job.pid), interval=0.5, stall_after=5.0, state_dir=str(tmp_path), ebpf=False)
+        w = Watcher(str(job.pid), config=WatchConfig(interval=0.5, stall_after=5.0, state_dir=str(tmp_path), ebpf=False))
         w.start()
         assert w.job is None and w.waiting  # torchrun has not forked yet
         try:

@@ -160,7 +160,7 @@ def _dashboard(source: Any, stop: threading.Event) -> int | None:
     except ImportError:
         return None
     try:
-        return run_dashboard(source, on_quit=getattr(source, "interrupt", None))
+        return run_dashboard(source)
     finally:  # the dashboard's loop restored the default handler; keep close() reachable
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
 

@@ -20,6 +20,7 @@ gives a person around its events:
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -33,7 +34,7 @@ from scout_sys.cluster.watch import AgentEvent, Client, ClusterWatcher
 from scout_sys.consensus import hardware
 from scout_sys.consensus.kinds import HANG_KINDS
 from scout_sys.errors import ScoutError, StoreUnreachable
-from scout_sys.model import Diagnosis, Event, Incident, Job, ProcSample, Rank, RankView, Snapshot
+from scout_sys.model import Diagnosis, Event, Incident, Job, ProcSample, Rank, RankView
 from scout_sys.model_job import WIRE, job_to_json, layout_fields
 from scout_sys.watch import bundle
 from scout_sys.watch.config import WatchConfig
@@ -83,12 +84,12 @@ class ClusterSource(ClusterWatcher, Sessioned):
     can_replay = False  # replay runs beside one host's ranks (watch --job), not from the store
 
     def __init__(self, connect: Callable[[], Client], config: WatchConfig | None = None, *, store: str,
-                 say: Callable[[str], None] = lambda _t: None, **kw: Any) -> None:
-        """``store``: HOST:PORT, for people; ``config`` and ``kw``: ClusterWatcher's (its settings, clock);
-        bundles go under ``config.state_dir``."""
+                 say: Callable[[str], None] = lambda _t: None, clock: Callable[[], float] = time.time) -> None:
+        """``store``: HOST:PORT, for people; ``config`` and ``clock``: ClusterWatcher's; bundles go under
+        ``config.state_dir``."""
         self._src_outer_say = say
         self._src_said: deque[str] = deque(maxlen=10)
-        super().__init__(lambda: _Tap(connect()), config, say=self._src_say, **kw)
+        super().__init__(lambda: _Tap(connect()), config, say=self._src_say, clock=clock)
         self.store_name = store
         self.session = Session(self.config.state_dir)  # sinks, snapshot, bundles: as for watch --job
         self.started = self.clock()
@@ -100,10 +101,6 @@ class ClusterSource(ClusterWatcher, Sessioned):
         self._src_hosts: dict[int, str] = {}  # node -> the host it last reported
         self._src_shown: Diagnosis | None = None  # the window the views show
         self._src_devices: dict[int, dict[str, object]] = {}
-
-    @property
-    def ever_opened(self) -> bool:
-        return self.book.ever_opened
 
     def _src_say(self, text: str) -> None:
         self._src_said.append(text)
@@ -125,7 +122,6 @@ class ClusterSource(ClusterWatcher, Sessioned):
             self._src_beats = tap.beats
             if self.last is not self._src_shown:
                 self._src_answers = tap.answers
-        events = [self._src_with_bundle(e) for e in events]
         for e in events:
             if isinstance(e, AgentEvent):
                 if e.event == "agent_lost":
@@ -146,6 +142,9 @@ class ClusterSource(ClusterWatcher, Sessioned):
     def replay_now(self) -> bool:
         return False  # can_replay: no replay from here
 
+    def interrupt(self) -> None:
+        """Nothing to stop: a whole-job window is the agents' (each ends its own at the window's end)."""
+
     def close(self) -> None:
         close = getattr(self.client, "close", None)
         if close is not None:
@@ -153,19 +152,16 @@ class ClusterSource(ClusterWatcher, Sessioned):
         self.client = None
 
     # ------------------------------------------------------------------ evidence bundles
-    def _src_with_bundle(self, e: Event | AgentEvent) -> Event | AgentEvent:
-        """A new hang-like incident: save its bundle, and add where it went to the incident."""
-        if not isinstance(e, Event) or e.event != "incident_opened" or e.incident.kind not in HANG_KINDS:
-            return e
-        inc, path = self.session.save_bundle(
-            e.incident, lambda state_dir: save_bundle(state_dir, e.incident, self.last, self.cluster,
-                                                      self._src_answers, self._src_beats),
+    def _on_open(self, inc: Incident) -> tuple[Incident, str | None]:
+        """A new hang-like incident: save its bundle (the heartbeats and window answers this poll read),
+        and add where it went to the incident."""
+        tap = self.client
+        if inc.kind not in HANG_KINDS or not isinstance(tap, _Tap):
+            return inc, None
+        beats, answers = tap.beats, tap.answers
+        return self.session.save_bundle(
+            inc, lambda state_dir: save_bundle(state_dir, inc, self.last, self.cluster, answers, beats),
             "cluster", self._src_say)
-        if path is None:
-            return e
-        if self.book.open.get(inc.key()) is e.incident:
-            self.book.open[inc.key()] = inc  # the book keeps it ("bundle" evidence stays for life)
-        return replace(e, incident=inc, bundle=path)
 
     # ------------------------------------------------------------------ the snapshot
     def _src_publish(self) -> None:
@@ -200,16 +196,10 @@ class ClusterSource(ClusterWatcher, Sessioned):
             self.waiting = None
         elif self.snapshot is None:
             return
-        notes = [*(d.notes if d is not None else ()), *self._src_said]
-        self.session.snapshot = Snapshot(
-            time=now, started=self.started, job=job, views=dict(self._src_views.views),
-            incidents=tuple(self.book.open.values()), closed=tuple(self.book.closed),
-            probes=dict(d.probes) if d is not None else {}, stall_after=self.stall_after,
-            stacks=dict(self._src_views.stacks), devices=dict(self._src_devices), bundle=self.session.bundle,
-            notes=tuple(notes[-10:]),
-            pauses={b.rank: b.pause for n in up for b in entries[n]},
-            agents=tuple(self._src_agents()),
-        )
+        self.session.publish(now, self.started, job, hang=self.hang, book=self.book, views=self._src_views,
+                             probes=d.probes if d is not None else {}, devices=self._src_devices,
+                             notes=[*(d.notes if d is not None else ()), *self._src_said],
+                             pauses={b.rank: b.pause for n in up for b in entries[n]}, agents=tuple(self._src_agents()))
 
     def _src_unanswered(self, d: Diagnosis | None) -> set[int]:
         """Ranks the last window could not see (their agent did not answer), until that agent reports

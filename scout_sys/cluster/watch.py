@@ -32,9 +32,11 @@ from scout_sys.watch.config import WatchConfig
 from scout_sys.watch.hang import CONFIRM_WINDOW, HangWatch, Reading
 from scout_sys.watch.incidents import IncidentBook
 from scout_sys.watch.progress import majority_of
+from scout_sys.watch.session import EngineParts
 
 LOST_AFTER = 5.0  # seconds without a new heartbeat: the agent is lost
 RETRY_EVERY = 2.0
+DEFAULT_CONFIG = WatchConfig(interval=1.0)  # heartbeats come every second or so: polling faster reads the same
 
 
 class Client(Protocol):
@@ -67,14 +69,13 @@ class Seen:
     age: float
 
 
-class ClusterWatcher:
+class ClusterWatcher(EngineParts):
     def __init__(self, connect: Callable[[], Client], config: WatchConfig | None = None, *,
-                 clock: Callable[[], float] = time.time, say: Callable[[str], None] = lambda _t: None,
-                 **settings: Any) -> None:
+                 clock: Callable[[], float] = time.time, say: Callable[[str], None] = lambda _t: None) -> None:
         """``connect``: a new client of the store (called again after the store was unreachable);
-        ``config``: the watch's settings this one reads (interval, stall_after, state_dir), the default
-        interval 1 s; ``settings``: some of them given one by one, over ``config``."""
-        self.config = (config or WatchConfig(interval=1.0)).with_settings(settings)
+        ``config``: the watch's settings this one reads (interval, stall_after, state_dir), one value
+        (None: :data:`DEFAULT_CONFIG`, its interval 1 s)."""
+        self.config = config or DEFAULT_CONFIG
         self.connect, self.clock, self.say = connect, clock, say
         self.client: Client | None = None
         self._unreachable = False
@@ -86,14 +87,6 @@ class ClusterWatcher:
         self._ranks: dict[int, Seen] | None = None
         self._beats: dict[int, tuple[int, float]] = {}  # node -> (seq, when we saw it change)
         self._lost: set[int] = set()
-
-    @property
-    def stall_after(self) -> float:
-        return self.hang.stall_after
-
-    @property
-    def interval(self) -> float:
-        return self.config.interval
 
     @property
     def ranks(self) -> dict[int, Seen]:
@@ -122,8 +115,13 @@ class ClusterWatcher:
                                      window=lambda: self._window(client))
         if judged is not None:
             unobserved = frozenset(u["rank"] for u in self.cluster.get("not_observed", ()))
-            events += self.book.reconcile(judged, self.clock(), None, unobserved=unobserved)
+            events += self.book.reconcile(judged, self.clock(), None, on_open=self._on_open, unobserved=unobserved)
         return events
+
+    def _on_open(self, inc: Incident) -> tuple[Incident, str | None]:
+        """A new incident, as the book will keep and publish it, and its bundle's folder: here as it is,
+        none (ClusterSource saves one, as the one-host Watcher does: watch/incidents.py OnOpen)."""
+        return inc, None
 
     def _reading(self, beats: dict[int, tuple[Heartbeat | None, str]], now: float) -> Reading:
         """The heartbeats' reading of the job's progress (watch/hang.py), over the agents not lost."""
@@ -195,4 +193,4 @@ class ClusterWatcher:
             for e in events:
                 on_event(e)
             stop.wait(max(0.0, self.interval - (self.clock() - t0)))
-        return 1 if self.book.ever_opened else 0
+        return 1 if self.ever_opened else 0

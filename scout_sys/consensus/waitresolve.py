@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from scout_sys.consensus import learned
 from scout_sys.consensus.kinds import HANG_KINDS
@@ -25,6 +25,9 @@ from scout_sys.consensus.waitfor import (
 )
 from scout_sys.text import ranks_text
 
+if TYPE_CHECKING:
+    from scout_sys.model import Activity, Evidence, Incident, Job, Observation, ProcessGroupSample
+
 ELSEWHERE_RANK = -1  # stands for the members of a group that run on other hosts
 PAUSED_ON = "paused_on"  # evidence data: the progressing ranks every chain of waits ends at
 _SOURCES = {"procfs": "the ranks' TCP connections", "ebpf-comms": "NCCL communicator creation (eBPF)"}
@@ -35,12 +38,12 @@ def learned_from(source: str) -> str:
     return " and ".join(_SOURCES.get(src, src) for src in source.split("+"))
 
 
-def latest_groups(obs: Sequence[Any]) -> Any | None:
+def latest_groups(obs: Sequence[Observation]) -> ProcessGroupSample | None:
     """The job's process groups, every source merged (:func:`consensus.learned.merged`)."""
     return learned.merged(obs)
 
 
-def from_activities(acts: Mapping[int, Any], sample: Any) -> tuple[dict[int, Wait], list[tuple[int, ...]]]:
+def from_activities(acts: Mapping[int, Activity], sample: ProcessGroupSample) -> tuple[dict[int, Wait], list[tuple[int, ...]]]:
     """Waits and groups from ``consensus.hang`` activities and a ProcessGroupSample."""
     groups = [tuple(g) + ((ELSEWHERE_RANK,) if i in sample.partial else ()) for i, g in enumerate(sample.groups)]
     waits_in = dict(sample.waits_in)
@@ -56,7 +59,7 @@ def from_activities(acts: Mapping[int, Any], sample: Any) -> tuple[dict[int, Wai
 MAX_CHOICES = 8  # ways to place waiting ranks whose newest sends tie between groups
 
 
-def analyze_sample(acts: Mapping[int, Any], sample: Any) -> tuple[Graph, dict[int, Wait], str]:
+def analyze_sample(acts: Mapping[int, Activity], sample: ProcessGroupSample) -> tuple[Graph, dict[int, Wait], str]:
     """:func:`analyze` over activities and a ProcessGroupSample. A waiting rank whose newest sends tie
     between groups (one clock tick) is placed in each of them in turn: when every choice ends at the
     same origins, that verdict stands (with a note); otherwise the rank's group stays unknown."""
@@ -87,8 +90,16 @@ def analyze_sample(acts: Mapping[int, Any], sample: Any) -> tuple[Graph, dict[in
                                 "every choice ends at the same origin")
 
 
-def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Sequence[Any],
-            attribute: Any, window: tuple[float, float]) -> tuple[list[Any], list[str]]:
+class Attribute(Protocol):
+    """How the peer-group vote names incidents from origins and witnesses (``consensus.hang._attribute``):
+    the wait-for graph's origins are attributed by the same rule."""
+
+    def __call__(self, job: Job, origins: list[Activity], witnesses: list[Activity], label: str, n: int,
+                 window: tuple[float, float], *, decisive_only: bool) -> list[Incident]: ...
+
+
+def resolve(job: Job, obs: Sequence[Observation], acts: Mapping[int, Activity], incidents: Sequence[Incident],
+            attribute: Attribute, window: tuple[float, float]) -> tuple[list[Incident], list[str]]:
     """Follow the wait-for graph of the learned process groups after the peer-group vote
     (``attribute`` is ``consensus.hang._attribute``: incidents from origins and witnesses).
 
@@ -158,7 +169,7 @@ def resolve(job: Any, obs: Sequence[Any], acts: Mapping[int, Any], incidents: Se
     return out, [f"wait-for graph inconclusive: {g.reason}"]
 
 
-def _add_to_stall(incidents: Sequence[Any], ev: Sequence[Any]) -> tuple[list[Any], bool]:
+def _add_to_stall(incidents: Sequence[Incident], ev: Sequence[Evidence]) -> tuple[list[Incident], bool]:
     """``incidents`` with ``ev`` added to the first unattributed hang (the stall no vote could place),
     and whether there was one."""
     from scout_sys.model import ATTRIBUTED as ATTR

@@ -14,7 +14,7 @@ import asyncio
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -409,20 +409,18 @@ def make_app(source: Source, *, interval: float | None = None, save_dir: str | N
     return ScoutApp(source, interval=interval, save_dir=save_dir, handle_sigterm=handle_sigterm)
 
 
-def run_dashboard(source: Source, *, save_dir: str | None = None,
-                  on_quit: Callable[[], None] | None = None) -> int:
+def run_dashboard(source: Source, *, save_dir: str | None = None) -> int:
     """Run the dashboard in this terminal until ``q``; 0 if no incident was seen, 1 otherwise.
 
     ``source`` must be started (``Watcher.start()``); closing it stays with the caller, which may do
     so as soon as this returns (no poll is in flight any more). SIGTERM quits like ``q``. The
     dashboard stays open after the job ended, so that its evidence can still be read and saved.
-    ``on_quit``: called once the terminal is back, before waiting for a poll in flight (the live
-    watch's ``interrupt``: a stack window in progress stops at once instead of running to its end).
+    Once the terminal is back, ``source.interrupt()`` comes before waiting for a poll in flight (the
+    live watch's: a stack window in progress stops at once instead of running to its end).
     """
     app = make_app(source, save_dir=save_dir, handle_sigterm=True)
     rc = app.run()
-    if on_quit is not None:
-        on_quit()
+    source.interrupt()
     app.wait_idle()
     if app.fatal is not None:
         raise app.fatal

@@ -70,6 +70,10 @@ class Source(Protocol):
 
     def diagnose_now(self, window: float = 3.0) -> Diagnosis: ...
 
+    def interrupt(self) -> None:
+        """Stop a poll in flight at its next sample (after ``q``: the prompt need not wait for a stack
+        window to end); that poll reports nothing. Nothing to stop: nothing."""
+
     def close(self) -> None: ...
 
 
@@ -87,7 +91,7 @@ def check_source(source: object) -> None:
 class SourceDefaults:
     """The answers most sources give, in one place: live, polled every 0.5 s, no saved report, nothing
     waited for, reports saved in the current directory, no incident beyond the ones its snapshots show,
-    no replay. A source inherits this and sets what differs (the live watch and the cluster source
+    no replay, no poll worth interrupting. A source inherits this and sets what differs (the live watch and the cluster source
     answer every member themselves: they do not import the dashboard)."""
 
     live: bool = True
@@ -100,6 +104,9 @@ class SourceDefaults:
 
     def replay_now(self) -> bool:
         return False
+
+    def interrupt(self) -> None:
+        pass
 
 
 # --------------------------------------------------------------------------- snapshot → report

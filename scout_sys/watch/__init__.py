@@ -40,7 +40,6 @@ from scout_sys.model import (
     Job,
     Observation,
     ProcSample,
-    Snapshot,
     StackSample,
 )
 from scout_sys.monitor import Monitor, default_probes
@@ -54,7 +53,7 @@ from scout_sys.watch.progress import Progress, Rotation
 from scout_sys.watch.restart import ENDED, FOUND, SAME, RankFinder, selector_pids
 from scout_sys.watch.sample import cheap_sample
 from scout_sys.watch.sample import dead as _dead
-from scout_sys.watch.session import Session, Sessioned
+from scout_sys.watch.session import EngineParts, Session, Sessioned
 from scout_sys.watch.straggler import StragglerWatch, with_replay
 from scout_sys.watch.views import Views
 
@@ -64,7 +63,7 @@ WAITING_TEXT = "waiting for the job's ranks…"
 __all__ = ["HANG_KINDS", "WAITING_TEXT", "WatchConfig", "Watcher"]
 
 
-class Watcher(Sessioned):
+class Watcher(Sessioned, EngineParts):
     """A live job, polled every ``interval`` seconds; a :class:`~scout_sys.tui.source.Source`, every
     member of which it answers itself (the engine does not import the dashboard)."""
 
@@ -73,10 +72,9 @@ class Watcher(Sessioned):
     can_replay = True  # the dashboard's `r` (replay_now says when it cannot start a round)
 
     def __init__(self, selector: str, config: WatchConfig | None = None, *, clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep, **settings: Any) -> None:
-        """``config``: how to follow the job (watch/config.py); ``settings``: some of its fields given one
-        by one instead (``Watcher(sel, interval=0.5, ebpf=False)``), over ``config``."""
-        self.config = config = (config or WatchConfig()).with_settings(settings)
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        """``config``: how to follow the job, one value (watch/config.py; None: its defaults)."""
+        self.config = config = config or WatchConfig()
         self.selector = selector
         self.session = Session(config.state_dir)  # sinks, snapshot, bundles: as for watch --cluster
         self.clock = clock
@@ -106,18 +104,6 @@ class Watcher(Sessioned):
         self._native_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
-    @property
-    def stall_after(self) -> float:
-        return self.hang.stall_after
-
-    @property
-    def interval(self) -> float:
-        return self.config.interval
-
-    @property
-    def ever_opened(self) -> bool:
-        return self.book.ever_opened
-
     def start(self) -> None:
         """Find the job (raises when the selector names nothing); its ranks may come later."""
         self.started = self.clock()
@@ -355,18 +341,15 @@ class Watcher(Sessioned):
             "procfs", self._notes.append)
 
     def _publish(self) -> None:
+        """This poll's snapshot (watch/session.py), with what only one host has: step times and wait
+        fractions, the eBPF sequences and lost records, whether the job ended."""
         assert self.job is not None and self.monitor is not None
-        self.session.snapshot = Snapshot(
-            time=self.clock(), started=self.started, job=self.job, views=dict(self.views.views),
-            incidents=tuple(self.book.open.values()), closed=tuple(self.book.closed),
-            probes=dict(self.monitor.probe_status), stall_after=self.stall_after,
+        self.session.publish(
+            self.clock(), self.started, self.job, hang=self.hang, book=self.book, views=self.views,
+            probes=self.monitor.probe_status, devices=self._devices, notes=self._notes, pauses=self.progress.pauses(),
             step_times={r: tuple(v) for r, v in self.stragglers.period.items()},
             wait_fractions={r: tuple(1.0 - x for x in v) for r, v in self.stragglers.busy.items()},
-            stacks=dict(self.views.stacks), devices=dict(self._devices), ended=self.ended, bundle=self.session.bundle,
-            notes=tuple(self._notes[-10:]), pauses=self.progress.pauses(), seqs=self.progress.seqs(),
-            lost_events=self.monitor.lost_events(),
-        )
-
+            ended=self.ended, seqs=self.progress.seqs(), lost_events=self.monitor.lost_events())
 
 def _poll_rule(job: Job, obs: Sequence[Observation], kind: str) -> list[Incident]:
     """A poll's findings of ``kind``, as its rules return them (consensus/rules.py)."""

@@ -9,8 +9,7 @@ share with it (stall-after, interval and state folder; eBPF and topology).
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, fields
 
 from scout_sys.errors import ScoutError
 
@@ -45,10 +44,3 @@ class WatchConfig:
                 args.stall_after, getattr(args, "wait_ranks", None), getattr(args, "replay_every", None))):
             raise ScoutError("--interval, --stall-after, --wait-ranks and --replay-every must be positive")
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
-
-    def with_settings(self, settings: dict[str, Any]) -> WatchConfig:
-        """This config with some settings given one by one (the keyword arguments of earlier callers)."""
-        unknown = set(settings) - {f.name for f in fields(self)}
-        if unknown:
-            raise TypeError(f"unknown watch settings: {', '.join(sorted(unknown))}")
-        return replace(self, **settings) if settings else self
