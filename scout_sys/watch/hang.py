@@ -73,7 +73,7 @@ GAP_FACTOR = 2.5  # stall-after: this many times the recent steady gap...
 GAP_PERCENTILE = 0.9  # ...at this percentile of the gaps (one slow step in ten does not count)
 LEARN_SPAN = 300.0  # seconds of recent gaps that count
 MIN_GAPS = 10  # gaps known before they count (until then: the floor, and the window decides)
-MIN_RECENT = 5  # gaps after a long stretch that show it was another phase (a start-up), not a steady gap
+MIN_RECENT = 3  # gaps after a long stretch that show it was another phase (a start-up), not a steady gap
 MAX_GAPS = 4096  # bounded memory whatever the poll rate
 PAUSE_MARGIN = 1.5  # a pause at its cadence is suspected at this many times its known length...
 PAUSE_SLACK = 0.5  # ...plus this many seconds
@@ -125,14 +125,14 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def new_phase(gaps: Sequence[float]) -> int:
     """How many of the oldest ``gaps`` belong to an earlier phase: those up to the latest gap that the
-    ``MIN_RECENT`` or more gaps after it would have suspected (longer than the ``stall_after`` they
+    ``MIN_RECENT`` or more gaps after it would have suspected (as long as the ``stall_after`` they
     teach: ``GAP_FACTOR`` times their percentile, at least the floor). A start-up's multi-second
     stretches (imports, the rendezvous, building the model) then teach nothing once the job steps
     steadily, even a few seconds into training; 0 while no such gap is followed by ``MIN_RECENT``."""
     # only a gap above the floor can be one (a few at a start-up; every one on a slow-stepping job,
     # which has few): each is judged by the gaps after it, the latest first
-    for i in reversed([i for i, g in enumerate(gaps[:max(0, len(gaps) - MIN_RECENT)]) if g > MIN_STALL_AFTER]):
-        if gaps[i] > GAP_FACTOR * percentile(gaps[i + 1:], GAP_PERCENTILE):
+    for i in reversed([i for i, g in enumerate(gaps[:max(0, len(gaps) - MIN_RECENT)]) if g >= MIN_STALL_AFTER]):
+        if gaps[i] >= GAP_FACTOR * percentile(gaps[i + 1:], GAP_PERCENTILE):
             return i + 1
     return 0
 
