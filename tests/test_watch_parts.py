@@ -19,7 +19,7 @@ from scout_sys.model import (
     StackSample,
     ThreadStack,
 )
-from scout_sys.watch.hang import CONFIRM_WINDOW, MIN_STALL_AFTER, RECONFIRM_EVERY, HangWatch
+from scout_sys.watch.hang import CONFIRM_WINDOW, MIN_STALL_AFTER, RECONFIRM_EVERY, HangWatch, new_phase
 from scout_sys.watch.incidents import MAX_EVIDENCE, IncidentBook, changed
 from scout_sys.watch.progress import COLLECTIVES, MAIN_THREAD, STACK, Progress, Rotation
 from scout_sys.watch.restart import ENDED, FOUND, SAME, WAITING, RankFinder
@@ -313,6 +313,37 @@ def test_hang_watch_learns_stall_after_from_the_recent_steady_gap_not_the_start_
     _run(h, t, _steps(4.0, 3), learning=False)  # not learnt while ranks are missing or probes settle
     assert h.stall_after == pytest.approx(5.0)
     assert HangWatch(stall_after=30).stall_after == 30
+
+
+def _watch(h: HangWatch, t: float, stalls, *, hang: bool = False) -> tuple[float, list[float]]:
+    """As _run, with the windows a suspicion starts (each 1 s of stacks; ``hang``: what they find)."""
+    windows = []
+    for stall in stalls:
+        if h.decide(t, stall, MAIN_THREAD, decisive=False, hang_open=False, learning=True).confirm:
+            windows.append(t)
+            h.confirmed(t, found=hang, stall=stall)
+            t += 1.0
+        t += 0.5
+    return t, windows
+
+
+def test_a_hang_three_seconds_into_training_is_suspected_at_the_floor_whatever_the_start_up_taught():
+    # The start-up of a watch started with torchrun (benchmarks/watch_defaults.py's fast job, logged):
+    # stretches of 1.5, 3, 1 and 6 s without progress (imports, the rendezvous, the model's build), each
+    # costing a fruitless window; then 2.5 s of 20 ms steps (progress at every poll); then a rank hangs.
+    h = HangWatch()
+    t = T0
+    for stretch in (1.5, 3.0, 1.0, 6.0):
+        t, _ = _watch(h, t, [0.0, *(k * 0.5 for k in range(1, int(stretch / 0.5) + 1))])
+    assert h._fruitless >= 3
+    t, _ = _watch(h, t, [0.05] * 5)
+    assert h.stall_after == MIN_STALL_AFTER and not h._fruitless  # the start-up taught nothing
+    onset = t
+    _, windows = _watch(h, t, [k * 0.5 for k in range(1, 9)], hang=True)
+    assert windows and windows[0] - onset <= MIN_STALL_AFTER
+    assert new_phase([1.5, 3.0, 1.0, 6.0, 0.05, 0.05]) == 0  # not before MIN_RECENT steady gaps
+    assert new_phase([2.0] * 8 + [4.9] + [2.0] * 5) == 0  # a slow step in slow steps: no phase
+    assert new_phase([6.0, 0.05, 0.05]) == 0 and new_phase([]) == 0
 
 
 def test_hang_watch_suspects_a_fast_job_at_the_floor_and_a_slow_one_later():

@@ -13,7 +13,10 @@ the majority progresses again, the stretch it went without progress is one *gap*
 ``GAP_FACTOR`` times the ``GAP_PERCENTILE`` of the gaps of the last ``LEARN_SPAN`` seconds, never
 below ``MIN_STALL_AFTER`` (which also holds until ``MIN_GAPS`` gaps are known). A percentile of
 recent gaps, not the longest pause ever: a multi-second start-up or one slow step does not teach the
-watch to wait four times that for the rest of the job. Once the collective probe (eBPF) is the signal,
+watch to wait four times that for the rest of the job. And a gap that the ``MIN_RECENT`` gaps after it
+would have suspected ends a *phase* (:func:`new_phase`): the gaps before it are dropped, and so is the
+backoff of the windows they cost — a job that hangs three seconds into training, after a start-up of
+several multi-second stretches, is suspected at the steps' threshold, not at the start-up's. Once the collective probe (eBPF) is the signal,
 what the coarse procfs and stack signals taught (gaps, pauses) is forgotten and learning starts again
 from the floor.
 
@@ -70,6 +73,7 @@ GAP_FACTOR = 2.5  # stall-after: this many times the recent steady gap...
 GAP_PERCENTILE = 0.9  # ...at this percentile of the gaps (one slow step in ten does not count)
 LEARN_SPAN = 300.0  # seconds of recent gaps that count
 MIN_GAPS = 10  # gaps known before they count (until then: the floor, and the window decides)
+MIN_RECENT = 3  # gaps after a long stretch that show it was another phase (a start-up), not a steady gap
 MAX_GAPS = 4096  # bounded memory whatever the poll rate
 PAUSE_MARGIN = 1.5  # a pause at its cadence is suspected at this many times its known length...
 PAUSE_SLACK = 0.5  # ...plus this many seconds
@@ -119,6 +123,20 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
 
 
+def new_phase(gaps: Sequence[float]) -> int:
+    """How many of the oldest ``gaps`` belong to an earlier phase: those up to the latest gap that the
+    ``MIN_RECENT`` or more gaps after it would have suspected (as long as the ``stall_after`` they
+    teach: ``GAP_FACTOR`` times their percentile, at least the floor). A start-up's multi-second
+    stretches (imports, the rendezvous, building the model) then teach nothing once the job steps
+    steadily, even a few seconds into training; 0 while no such gap is followed by ``MIN_RECENT``."""
+    # only a gap above the floor can be one (a few at a start-up; every one on a slow-stepping job,
+    # which has few): each is judged by the gaps after it, the latest first
+    for i in reversed([i for i, g in enumerate(gaps[:max(0, len(gaps) - MIN_RECENT)]) if g >= MIN_STALL_AFTER]):
+        if gaps[i] >= GAP_FACTOR * percentile(gaps[i + 1:], GAP_PERCENTILE):
+            return i + 1
+    return 0
+
+
 class HangWatch:
     def __init__(self, stall_after: float | None = None) -> None:
         self.fixed = stall_after
@@ -148,11 +166,20 @@ class HangWatch:
     def steady_gap(self) -> float | None:
         """The recent steady gap (the percentile), None until ``MIN_GAPS`` are known."""
         gaps = [g for _t, g in self._gaps]
+        gaps = gaps[new_phase(gaps):]
         return percentile(gaps, GAP_PERCENTILE) if len(gaps) >= MIN_GAPS else None
 
     def _relearn(self, now: float) -> None:
         while self._gaps and self._gaps[0][0] < now - LEARN_SPAN:
             self._gaps.popleft()
+        phase = new_phase([g for _t, g in self._gaps])
+        if phase:
+            # what came before was another phase (the start-up: imports, rendezvous, the model's build),
+            # and the windows it cost were fruitless for that reason: the steady job starts over
+            for _ in range(phase):
+                self._gaps.popleft()
+            self._fruitless = 0
+            self._quiet_until = 0.0
         gap = self.steady_gap()
         self._learned = MIN_STALL_AFTER if gap is None else \
             min(MAX_STALL_AFTER, max(MIN_STALL_AFTER, GAP_FACTOR * gap))
