@@ -16,9 +16,9 @@ recent gaps, not the longest pause ever: a multi-second start-up or one slow ste
 watch to wait four times that for the rest of the job. And a gap that the ``MIN_RECENT`` gaps after it
 would have suspected ends a *phase* (:func:`new_phase`): the gaps before it are dropped, and so is the
 backoff of the windows they cost — a job that hangs three seconds into training, after a start-up of
-several multi-second stretches, is suspected at the steps' threshold, not at the start-up's. Once the collective probe (eBPF) is the signal,
-what the coarse procfs and stack signals taught (gaps, pauses) is forgotten and learning starts again
-from the floor.
+several multi-second stretches, is suspected at the steps' threshold, not at the start-up's. Once the
+collective probe (eBPF) is the signal, what the coarse procfs and stack signals taught (gaps, pauses)
+is forgotten and learning starts again from the floor.
 
 Once the steady gap is known, a stretch that raised a suspicion the window did not confirm, and then
 ended in progress, was a *pause* (a checkpoint write, an evaluation phase, one rank's periodic work while the others wait: the
@@ -131,7 +131,8 @@ def new_phase(gaps: Sequence[float]) -> int:
     steadily, even a few seconds into training; 0 while no such gap is followed by ``MIN_RECENT``."""
     # only a gap above the floor can be one (a few at a start-up; every one on a slow-stepping job,
     # which has few): each is judged by the gaps after it, the latest first
-    for i in reversed([i for i, g in enumerate(gaps[:max(0, len(gaps) - MIN_RECENT)]) if g >= MIN_STALL_AFTER]):
+    older = gaps[:max(0, len(gaps) - MIN_RECENT)]
+    for i in reversed([i for i, g in enumerate(older) if g >= MIN_STALL_AFTER]):
         if gaps[i] >= GAP_FACTOR * percentile(gaps[i + 1:], GAP_PERCENTILE):
             return i + 1
     return 0
@@ -166,20 +167,11 @@ class HangWatch:
     def steady_gap(self) -> float | None:
         """The recent steady gap (the percentile), None until ``MIN_GAPS`` are known."""
         gaps = [g for _t, g in self._gaps]
-        gaps = gaps[new_phase(gaps):]
         return percentile(gaps, GAP_PERCENTILE) if len(gaps) >= MIN_GAPS else None
 
     def _relearn(self, now: float) -> None:
         while self._gaps and self._gaps[0][0] < now - LEARN_SPAN:
             self._gaps.popleft()
-        phase = new_phase([g for _t, g in self._gaps])
-        if phase:
-            # what came before was another phase (the start-up: imports, rendezvous, the model's build),
-            # and the windows it cost were fruitless for that reason: the steady job starts over
-            for _ in range(phase):
-                self._gaps.popleft()
-            self._fruitless = 0
-            self._quiet_until = 0.0
         gap = self.steady_gap()
         self._learned = MIN_STALL_AFTER if gap is None else \
             min(MAX_STALL_AFTER, max(MIN_STALL_AFTER, GAP_FACTOR * gap))
@@ -225,9 +217,23 @@ class HangWatch:
                 self.pauses.append((t - last, gap))
             else:
                 self._gaps.append((now, gap))
+                self._end_phase()
         self._in_pause = False
         if self.fixed is None and (self._learned_at is None or now - self._learned_at >= 1.0):
             self._relearn(now)
+
+    def _end_phase(self) -> None:
+        """A new gap may show that the gaps before a long stretch were another phase (:func:`new_phase`:
+        the start-up, its imports, rendezvous and the model's build), and that the windows they cost were
+        fruitless for that reason: the steady job starts over, its backoff with it."""
+        if self.fixed is not None:
+            return
+        phase = new_phase([g for _t, g in self._gaps])
+        if phase:
+            for _ in range(phase):
+                self._gaps.popleft()
+            self._fruitless = 0
+            self._quiet_until = 0.0
 
     def _forget_learned(self, now: float) -> None:
         """The collective probe now sees the ranks: the gaps and pauses learned from the coarse procfs
