@@ -41,7 +41,6 @@ class Interrupted(Exception):
     """A window stopped half-way (:meth:`Monitor.interrupt`): its samples are not judged."""
 
 
-
 class Monitor:
     def __init__(self, job: Job, *, extra_probes: Sequence[Probe] = (), clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from scout_sys.consensus import straggler, straggler_groups, straggler_window
 from scout_sys.model import STRAGGLER, CollectiveSample, Fingerprint, Job, Rank
+from tests.test_straggler_rules import _busy
 
 T0 = 5_000.0
 # dp=2 x tp=2: tp groups {0,1} {2,3}, dp groups {0,2} {1,3}; no collective spans all four ranks
@@ -47,23 +48,15 @@ def test_a_rank_late_in_both_its_groups_is_named():
     assert ev.data["groups"] == ["gloo:2", "gloo:4"] and ev.data["members"] == {"gloo:2": [2, 3], "gloo:4": [1, 3]}
 
 
-def _busy(busy: dict[int, float], default: float, seconds=1.0):
-    from scout_sys.model import ProcSample
-
-    return [ProcSample(time=t, rank=r, pid=100 + r, status="sleeping",
-                       main_cpu_ns=int(i * busy.get(r, default) * seconds * 1e9), main_delay_ns=0)
-            for r in range(4) for i, t in enumerate((T0 - 0.1, T0 - 0.1 + seconds))]
-
-
 def test_a_rank_late_in_both_its_groups_with_idle_peers_is_named_when_it_is_the_busy_one():
     # Every rank also sleeps part of its step (tests/jobs/layouts.py's --step-sleep): the peers idle
     # beyond their wait for rank 3 (slack). Rank 3 busy while they idle: a straggler, its lag on top
     # of the step. Equally busy: a rank late by phase, into time its peers would sleep anyway.
     late = {(3, "gloo:2"): 0.02, (3, "gloo:4"): 0.02}
-    w = _verdict(_subgroups(late) + _busy({3: 0.7}, default=0.05))
+    w = _verdict(_subgroups(late) + _busy(4, {3: 0.7}, default=0.05))
     assert w.slack is not None and w.slack > straggler.SLACK_MAX
     assert (w.metric, w.suspects) == ("lag", (3,))
-    w = _verdict(_subgroups(late) + _busy({}, default=0.05))
+    w = _verdict(_subgroups(late) + _busy(4, {}, default=0.05))
     assert w.suspects == ()
 
 

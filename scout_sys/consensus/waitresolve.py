@@ -43,7 +43,8 @@ def latest_groups(obs: Sequence[Observation]) -> ProcessGroupSample | None:
     return learned.merged(obs)
 
 
-def from_activities(acts: Mapping[int, Activity], sample: ProcessGroupSample) -> tuple[dict[int, Wait], list[tuple[int, ...]]]:
+def from_activities(acts: Mapping[int, Activity], sample: ProcessGroupSample
+                    ) -> tuple[dict[int, Wait], list[tuple[int, ...]]]:
     """Waits and groups from ``consensus.hang`` activities and a ProcessGroupSample."""
     groups = [tuple(g) + ((ELSEWHERE_RANK,) if i in sample.partial else ()) for i, g in enumerate(sample.groups)]
     waits_in = dict(sample.waits_in)

@@ -91,8 +91,8 @@ def check_source(source: object) -> None:
 class SourceDefaults:
     """The answers most sources give, in one place: live, polled every 0.5 s, no saved report, nothing
     waited for, reports saved in the current directory, no incident beyond the ones its snapshots show,
-    no replay, no poll worth interrupting. A source inherits this and sets what differs (the live watch and the cluster source
-    answer every member themselves: they do not import the dashboard)."""
+    no replay, no poll worth interrupting. A source inherits this and sets what differs (the live watch
+    and the cluster source answer every member themselves: they do not import the dashboard)."""
 
     live: bool = True
     interval: float = 0.5

@@ -351,6 +351,7 @@ class Watcher(Sessioned, EngineParts):
             wait_fractions={r: tuple(1.0 - x for x in v) for r, v in self.stragglers.busy.items()},
             ended=self.ended, seqs=self.progress.seqs(), lost_events=self.monitor.lost_events())
 
+
 def _poll_rule(job: Job, obs: Sequence[Observation], kind: str) -> list[Incident]:
     """A poll's findings of ``kind``, as its rules return them (consensus/rules.py)."""
     return rules.decide(job, obs, cadence=rules.POLL, kinds={kind}).listed

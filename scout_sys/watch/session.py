@@ -3,9 +3,10 @@
 (:class:`~scout_sys.cluster.source.ClusterSource`, the agents' heartbeats and windows).
 
 Each poll of a source turns its observations into events and a :class:`~scout_sys.model.Snapshot`
-(built here, :meth:`Session.publish`, from the engine's parts both sources hold); the session then feeds the sinks (scout_sys/exporters) the events and that snapshot, and, when a
-hang-like incident opens, has the source write its evidence bundle under the state folder
-(watch/bundle.py) and adds where it went to the incident. Pure of sources: it imports neither.
+(built here, :meth:`Session.publish`, from the engine's parts both sources hold); the session then
+feeds the sinks (scout_sys/exporters) the events and that snapshot, and, when a hang-like incident
+opens, has the source write its evidence bundle under the state folder (watch/bundle.py) and adds
+where it went to the incident. Pure of sources: it imports neither.
 """
 
 from __future__ import annotations
