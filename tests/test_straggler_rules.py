@@ -316,3 +316,38 @@ def test_stack_samples_that_back_a_busy_share_may_be_less_lopsided_than_alone():
     obs, acts = _window({**low, 3: [w] * 6 + [f] * 7}, states)
     incidents, _ = straggler_window.in_window(_job(4), obs + busy, acts, (100.0, 104.0))
     assert [(i.status, i.ranks) for i in incidents] == [("inconclusive", ())], incidents
+
+
+def test_a_busy_share_is_backed_by_peers_that_wait_for_it_part_of_each_step_only():
+    # CI's dp=2 x tp=2 miss: rank 3 62% busy (peers 5%) while its peers, which also sleep 50 ms of each step,
+    # were found waiting in 5 of 13 samples: under the stacks' own bar (40%), over the backing bar (30%)
+    w, f, s = WAIT, _fr("forward", "main"), _fr("sleep", "main")
+    peers = {0: [w] * 5 + [s] * 6 + [f] * 2, 1: [w] * 5 + [s] * 5 + [f] * 3, 2: [w] * 6 + [s] * 6 + [f]}
+    slow = [_fr("extra_compute", "main")] * 8 + [s] * 4 + [w]
+    states = dict.fromkeys(range(4), "running")
+    busy = [ProcSample(time=100.0 + t, rank=r, pid=10 + r, status="running",
+                       main_cpu_ns=int(t * 1e9 * (0.62 if r == 3 else 0.05)), main_delay_ns=0)
+            for r in range(4) for t in (0, 4)]
+    obs, acts = _window({**peers, 3: slow}, states)
+    assert straggler_window.never_waiting(_job(4), obs, acts) == {}  # the stacks alone: not even a note
+    incidents, notes = straggler_window.in_window(_job(4), obs + busy, acts, (100.0, 104.0))
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("straggler", "attributed", (3,))], (incidents, notes)
+    # peers found waiting in only 3 of 13 samples back nothing: the busy share stays alone
+    rest = [s, s, f, f, _fr("backward", "main"), _fr("backward", "main"), _fr("step", "main"), _fr("step", "main"),
+            _fr("log", "main"), _fr("log", "main")]
+    thin = {0: [w] * 3 + rest, 1: rest[:5] + [w] * 3 + rest[5:], 2: rest + [w] * 3}
+    obs, acts = _window({**thin, 3: [_fr("extra_compute", "main")] * 8 + [s, s, w, f, _fr("backward", "main")]}, states)
+    incidents, _ = straggler_window.in_window(_job(4), obs + busy, acts, (100.0, 104.0))
+    assert [(i.status, i.ranks) for i in incidents] == [("inconclusive", ())], incidents
+
+
+def test_a_straggler_caught_in_its_compute_at_every_sample_is_still_one_while_its_peers_progress():
+    # a heavy straggler's samples all land in its compute now and then (its activity: 'busy' at one place,
+    # as a rank spinning outside any collective); its peers move, so it is no hang: still the straggler
+    peers = [WAIT, WAIT, _fr("forward", "main"), WAIT, WAIT]
+    ranks = {0: peers, 1: peers[1:] + peers[:1], 2: [_fr("extra_compute", "main")] * 5, 3: peers}
+    obs, acts = _window(ranks, {0: "running", 1: "running", 2: "busy", 3: "running"})
+    assert set(straggler_window.never_waiting(_job(4), obs, acts)) == {2}
+    # the same rank while its peers are stuck (no rank moves): a hang's shape, never a straggler
+    obs, acts = _window(ranks, {0: "idle", 1: "idle", 2: "busy", 3: "idle"})
+    assert straggler_window.never_waiting(_job(4), obs, acts) == {}

@@ -46,25 +46,32 @@ SELDOM = 2
 # about one window in twenty (own 5 of 13 against 9), this one about one in sixty; a healthy rank passes
 # it about one window in eight, and then only beside a busy share that already names it.
 BACKING = 1.5
+# ... and its peers, found waiting in more than this share of the samples (not WAITED_MIN): beside a busy
+# share that names the rank, peers that sleep or log part of each step besides waiting for it still back it.
+# A real dp=2 x tp=2 straggler 62% busy (peers 5%) leaves its peers waiting ~55% of the time, at most
+# 5 of 13 samples about one window in six on a loaded host: under WAITED_MIN, never under this bar.
+BACKING_WAITED = 0.3
 
 
 def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any],
                   waits: Mapping[int, tuple[float, int, str, int, tuple[int, ...]]] | None = None,
-                  seldom: float = SELDOM) -> dict[int, tuple[float, int, str, int]]:
+                  seldom: float = SELDOM, waited_min: float = WAITED_MIN) -> dict[int, tuple[float, int, str, int]]:
     """From the window's stack samples: ranks found waiting at most half as often as their peers (the median),
     who — themselves progressing (their stacks move), a strict majority of them — were found waiting in more
-    than ``WAITED_MIN`` of the samples, in a collective (Gloo) or at their common sync point (the GPU shape);
+    than ``waited_min`` of the samples, in a collective (Gloo) or at their common sync point (the GPU shape);
     peers found in collectives at every sample count as progressing when they exchanged data.
-    Only a rank that progresses itself (``running``, not writing a checkpoint) counts: a stuck one is a
-    hang. Returns rank -> (samples in which its peers were found waiting, their median; samples; where they
-    waited; samples in which the rank itself was found waiting). ``waits``: :func:`stack_waits`, when read;
-    ``seldom``: how many times more often than the rank its typical peer must have waited."""
+    Only a rank that progresses itself counts — its stack moves (``running``), or it computes at one place
+    every sample (``busy``: a heavy straggler's 13 samples all land in its compute about one window in
+    twenty) while its peers progress, which a hung rank never lets them — and not while it writes a
+    checkpoint. Returns rank -> (samples in which its peers were found waiting, their median; samples; where
+    they waited; samples in which the rank itself was found waiting). ``waits``: :func:`stack_waits`, when
+    read; ``seldom``: how many times more often than the rank its typical peer must have waited."""
     out: dict[int, tuple[float, int, str, int]] = {}
     for r, (waited, k, where, own, peers) in (stack_waits(job, obs) if waits is None else waits).items():
         a = acts.get(r)
-        if waited <= WAITED_MIN * k or own * seldom > waited:
+        if waited <= waited_min * k or own * seldom > waited:
             continue
-        if a is None or a.state != "running" or _writes_alone(a, [acts.get(p) for p in peers]):
+        if a is None or a.state not in ("running", "busy") or _writes_alone(a, [acts.get(p) for p in peers]):
             continue
         if c3.strict_majority(sum(_moving(acts.get(p)) for p in peers), len(peers)):
             out[r] = (waited, k, where, own)
@@ -124,8 +131,8 @@ def _wait_place(per_rank: Sequence[Sequence[tuple]]) -> tuple:
 def _backing(named: Mapping[int, Any], seen: Mapping[int, Any], loose: Mapping[int, tuple[float, int, str, int]],
              read: Mapping[int, tuple[float, int, str, int, tuple[int, ...]]]
              ) -> dict[int, tuple[float, int, str, int]]:
-    """The stack samples that back a rank another measure names (:data:`BACKING`): found waiting no more
-    often than any of its peers, and seldom enough by the looser ratio."""
+    """The stack samples that back a rank another measure names (:data:`BACKING`, :data:`BACKING_WAITED`):
+    found waiting no more often than any of its peers, and seldom enough by the looser ratio and bar."""
     return {r: v for r, v in loose.items()
             if r in named and r not in seen and v[3] <= min(read[p][3] for p in read[r][4])}
 
@@ -187,8 +194,9 @@ def in_window(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any], win
     gives an inconclusive straggler — a note when it is the busy share of a rank contended for a CPU whose
     peers' stack samples, read, did not show them waiting for it (the host's load); the stack samples alone, the weakest, a note. The verdict says the cause. Returns (incidents, notes)."""
     read = stack_waits(job, obs)
-    loose = never_waiting(job, obs, acts, read, seldom=BACKING)
-    seen = {r: v for r, v in loose.items() if v[3] * SELDOM <= v[0]}  # the strict ratio: a subset of the loose
+    loose = never_waiting(job, obs, acts, read, seldom=BACKING, waited_min=BACKING_WAITED)
+    # the strict ratio and bar: a subset of the loose
+    seen = {r: v for r, v in loose.items() if v[3] * SELDOM <= v[0] and v[0] > WAITED_MIN * v[1]}
     named, causes = measures(job, obs, window[0], window[1])
     seen.update(_backing(named, seen, loose, read))
     out: list[Incident] = []
