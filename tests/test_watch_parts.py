@@ -19,7 +19,14 @@ from scout_sys.model import (
     StackSample,
     ThreadStack,
 )
-from scout_sys.watch.hang import CONFIRM_WINDOW, MIN_STALL_AFTER, RECONFIRM_EVERY, HangWatch, new_phase
+from scout_sys.watch.hang import (
+    CONFIRM_WINDOW,
+    EARLY_MARGIN,
+    MIN_STALL_AFTER,
+    RECONFIRM_EVERY,
+    HangWatch,
+    new_phase,
+)
 from scout_sys.watch.incidents import MAX_EVIDENCE, IncidentBook, changed
 from scout_sys.watch.progress import COLLECTIVES, MAIN_THREAD, STACK, Progress, Rotation
 from scout_sys.watch.restart import ENDED, FOUND, SAME, WAITING, RankFinder
@@ -356,6 +363,21 @@ def test_hang_watch_suspects_a_fast_job_at_the_floor_and_a_slow_one_later():
     t = _run(slow, T0, _steps(2.0, 15), signal=COLLECTIVES)
     assert not slow.decide(t, 2.5, COLLECTIVES, decisive=False, hang_open=False, learning=True).suspect
     assert slow.decide(t + 2.5, 5.0, COLLECTIVES, decisive=False, hang_open=False, learning=True).confirm
+
+
+def test_the_next_poll_comes_when_the_stretch_under_way_reaches_its_threshold_not_an_interval_later():
+    h = HangWatch()
+    t = _run(h, T0, [0.05] * 40, signal=COLLECTIVES)
+    assert h.poll_wait(t, t, 0.5) == 0.5  # a healthy step's stretch is far from the threshold
+    h.decide(t + 0.5, 1.2, COLLECTIVES, decisive=False, hang_open=False, learning=True)
+    wait = h.poll_wait(t + 0.55, t + 0.5, 0.5)
+    assert wait == pytest.approx(MIN_STALL_AFTER - 1.2 - 0.05 + EARLY_MARGIN)  # 0.27 s, not 0.45
+    d = h.decide(t + 0.55 + wait, 1.2 + 0.05 + wait, COLLECTIVES, decisive=False, hang_open=False, learning=True)
+    assert d.suspect and d.confirm  # that poll takes the window
+    h.confirmed(t + 2.0, found=False, stall=2.0)  # fruitless: the quiet time, not the threshold, decides now
+    h.decide(t + 2.5, 1.4, COLLECTIVES, decisive=False, hang_open=False, learning=True)
+    assert h.poll_wait(t + 2.5, t + 2.5, 0.5) == 0.5
+    assert h.poll_wait(t + 3.2, t + 2.5, 0.5) == 0.0  # an overrun poll: at once
 
 
 def test_hang_watch_forgets_what_the_coarse_signals_taught_once_the_collective_probe_sees_the_ranks():

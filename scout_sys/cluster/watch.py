@@ -192,5 +192,5 @@ class ClusterWatcher(EngineParts):
                 continue
             for e in events:
                 on_event(e)
-            stop.wait(max(0.0, self.interval - (self.clock() - t0)))
+            stop.wait(self.hang.poll_wait(self.clock(), t0, self.interval))
         return 1 if self.ever_opened else 0

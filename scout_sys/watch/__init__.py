@@ -174,7 +174,7 @@ class Watcher(Sessioned, EngineParts):
                 told = True
                 if on_job is not None:
                     on_job(self.job)
-            stop.wait(max(0.0, self.interval - (self.clock() - t0)))
+            stop.wait(self.hang.poll_wait(self.clock(), t0, self.interval))
         return 1 if self.ever_opened else 0
 
     def diagnose_now(self, window: float = 3.0) -> Diagnosis:

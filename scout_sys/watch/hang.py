@@ -87,6 +87,7 @@ MAX_ESCAPE = 6.0  # ...while a new stretch this long (or twice stall-after) is a
 # spinner read by its stack samples stalls 4-5 s; a hang must be named within 10 s, the window included)
 CALM_RESET = 30.0  # seconds without a suspicion that forget the fruitless windows
 DESYNC_SIGNAL = "collective fingerprints"
+EARLY_MARGIN = 0.02  # the early poll (poll_wait) comes this long after the threshold, to see it reached
 FINISHING_GRACE = 15.0  # seconds of stall spared once a rank ended cleanly (the job may be finishing)
 
 
@@ -157,6 +158,7 @@ class HangWatch:
         self._calm_since: float | None = None  # no suspicion since then
         self._signal = ""  # the signal of the last poll's decision
         self._fine = False  # the collective probe's signal has been seen (what was learned before is forgotten)
+        self._due_at: float | None = None  # when the stretch under way reaches its threshold (see poll_wait)
 
     # ------------------------------------------------------------------ thresholds
     @property
@@ -273,8 +275,23 @@ class HangWatch:
             confirm = not quiet
         else:
             confirm = False
+        # a stretch under way that is not looked at yet: the moment it reaches the threshold (not while
+        # quiet after a fruitless window: the backoff decides then)
+        self._due_at = now - stall + limit if 0 < stall < limit and not hang_open and not decisive and \
+            not desync and now >= self._quiet_until else None
         self._signal = signal
         return Decision(confirm, suspect, stall, signal, limit)
+
+    def poll_wait(self, now: float, polled: float, interval: float) -> float:
+        """Seconds to wait before the next poll (the last one began at ``polled``): the rest of the
+        interval, or less when the stretch without progress the last poll saw reaches its threshold
+        sooner — a hang is then suspected at its threshold, not up to an interval later. (No sooner
+        while no stretch is under way, one is suspected already, a hang is open or a fruitless window's
+        quiet time holds.)"""
+        wait = interval - (now - polled)
+        if self._due_at is not None:
+            wait = min(wait, self._due_at + EARLY_MARGIN - now)
+        return max(0.0, wait)
 
     def _calm(self, now: float, suspect: bool, signal: str) -> None:
         """Forget the fruitless windows after a calm stretch, or when another signal raises a suspicion
