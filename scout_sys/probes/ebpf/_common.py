@@ -95,6 +95,18 @@ def load_bcc() -> tuple[ModuleType | None, str | None]:
     return _BCC, _BCC_ERROR
 
 
+def release_compile_heap() -> None:
+    """Hand the heap clang/LLVM took to compile a program back to the kernel (glibc's ``malloc_trim``):
+    about 30 MB of RSS a program (measured: RssAnon 52 -> 22 MB after one small program) that glibc would
+    otherwise keep for the watch's whole life. Nothing where the C library has no such call (musl)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def common_reason() -> str | None:
     """Why no eBPF probe can run here, or None."""
     for check in (privilege_reason, headers_reason, debugfs_reason):
@@ -217,6 +229,7 @@ class BccProbe:
         self.text = self._render(job)
         try:
             self._bpf = bcc.BPF(text=self.text.encode())
+            release_compile_heap()
             pids = self._bpf[b"pids"]
             for tgid, rank in self._ranks.items():
                 pids[pids.Key(tgid)] = pids.Leaf(rank)

@@ -50,6 +50,7 @@ from scout_sys.probes.ebpf._common import (
     host_pid,
     load_bcc,
     mapped_libs,
+    release_compile_heap,
     render,
 )
 from scout_sys.probes.ebpf._elf import function_symbols
@@ -192,6 +193,7 @@ class CommProbe(BccProbe):
             try:
                 self._bpf = bcc.BPF(text=self.text.encode())
                 self.compile_s = time.monotonic() - t0
+                release_compile_heap()
                 for path, open_path, syms in found:
                     for sym, fn in FUNCS.items():
                         if sym in syms:
