@@ -182,9 +182,10 @@ def test_progress_a_spinner_that_stopped_blocking_is_seen_every_poll_not_every_f
         t = T0 + 3.5 + 0.5 * i
         p.observe([_proc(r, t, status="running", blocks=70) for r in range(3)]
                   + [_proc(3, t, status="running", blocks=70 + i)], t)
-    assert p.stalled(0, T0 + 5.5) == (2.0, MAIN_THREAD)
-    assert p.stalled(3, T0 + 5.5)[0] == 0.0
-    assert p.majority(range(4), 4, T0 + 5.5) == (2.0, MAIN_THREAD)
+    # they last blocked between T0 + 3.0 (60 switches) and T0 + 3.5 (70): the middle, 3.25
+    assert p.stalled(0, T0 + 5.5) == (2.25, MAIN_THREAD)
+    assert p.stalled(3, T0 + 5.5)[0] == 0.25  # it blocked since the poll before
+    assert p.majority(range(4), 4, T0 + 5.5) == (2.25, MAIN_THREAD)
     never = Progress()  # a main thread never seen to block says nothing by it
     for i in range(8):
         never.observe([_proc(0, T0 + 0.5 * i, status="running", blocks=5)], T0 + 0.5 * i)

@@ -66,6 +66,7 @@ class _Run:
     value: object
     since: float
     seen: float
+    after: float | None = None  # the last sample of the value before (the change came between it and since)
 
 
 class Progress:
@@ -137,13 +138,18 @@ class Progress:
         if run is not None and run.value != count:
             self._blocks_moved.add(rank)
         _advance(self._blocks, rank, count, t)
+        if run is not None and run.value != count:
+            self._blocks[rank].after = run.seen
 
     def _unblocked(self, rank: int, now: float) -> float:
         """How long a rank's main thread, which blocks now and then, has not blocked (0: unknown)."""
         run = self._blocks.get(rank)
         if run is None or rank not in self._blocks_moved:
             return 0.0
-        still = now - run.since
+        # it last blocked somewhere between the sample before the count changed and the one that saw it
+        # change: the middle, not the later one (a hang's stall read up to a poll short, 0.25 s on average)
+        last = run.since if run.after is None else (run.after + run.since) / 2
+        still = now - last
         return still if still <= BLOCKS_MEMORY else 0.0
 
     def held(self, start: float, end: float | None = None) -> None:
