@@ -179,7 +179,8 @@ def test_dtensor_tp_desync_in_diagnose_across_equivalent_tp_groups(start_job, tm
         assert (diag.returncode, d["incidents"]) == (0, []), d["incidents"]
         return
     assert diag.returncode == 1, (err, d)
-    assert origins(d) == [("collective_desync", "attributed", [2])], d["incidents"]
+    assert origins(d) == [("collective_desync", "attributed", [2])], [
+        (i["summary"], [e["text"] for e in i["evidence"]]) for i in d["incidents"]]
     inc = d["incidents"][0]
     across = next(e for e in inc["evidence"] if "equivalent_groups" in e)
     assert across["equivalent_groups"] == [[0, 2], [1, 3]], across

@@ -156,20 +156,24 @@ def test_straggler_extra_compute(start_job, tmp_path):
 
 
 @pytest.mark.serial  # load-sensitive: run alone (see tests/README.md)
-def test_healthy_job_with_checkpoint_pauses_watched_for_40_s_opens_nothing(start_job, watch_cli, tmp_path):
+def test_healthy_job_with_checkpoint_pauses_and_evaluations_watched_for_40_s_opens_nothing(start_job, watch_cli,
+                                                                                           tmp_path):
     # at the defaults, as a user starts it (the CLI, no flag): rank 0 writes a checkpoint for ~2.5 s every
     # 40 steps while the others wait at a barrier (the floor suspects 1.5 s stretches: the windows must see
-    # the writer progress), and steps quickly in between; 40 s of it (about 8 checkpoint pauses) opens
-    # no incident at all, attributed or inconclusive (as diagnose's twin requires)
-    # (and keeps each step's checkpoint in a folder of its own, as a job does: the watch reports those)
+    # the writer progress), every rank evaluates for 2 s every 70 steps (no collective anywhere, every rank
+    # computing in one place, then one all-reduce), and steps quickly in between; 40 s of it (about 8
+    # checkpoint pauses, 4 evaluations) opens no incident at all, attributed or inconclusive (as diagnose's
+    # twin requires) (and keeps each step's checkpoint in a folder of its own, as a job does: the watch
+    # reports those)
     (tmp_path / "ckpt").mkdir()
     job = start_job(4, args=["--checkpoint-every", "40", "--checkpoint-seconds", "2.5",
-                             "--checkpoint-dir", str(tmp_path / "ckpt")])
+                             "--checkpoint-dir", str(tmp_path / "ckpt"), "--eval-every", "70", "--eval-seconds", "2"])
     job.wait_steps(2)
     w = watch_cli(job.pid, "--state-dir", str(tmp_path / "state"))
     time.sleep(40)
     assert w.proc.poll() is None, w.stderr()
     assert job.log().count("SCOUT-DEMO checkpoint") >= 4
+    assert job.log().count("SCOUT-DEMO eval") >= 2
     # the checkpoints it writes are news of their own (checkpoint_written, coverage by default): nothing else
     assert [e for e in w.events if e["event"] != "checkpoint_written"] == [], w.events
     assert any(e["event"] == "checkpoint_written" for e in w.events), w.events

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from scout_sys.errors import NoRanks, TargetGone
@@ -235,6 +237,27 @@ def test_progress_collective_sequence_is_primary_when_seen():
     assert p.majority(range(4), 4, T0 + 11) == (6.0, COLLECTIVES)
     p.forget()
     assert p.majority(range(4), 4, T0 + 11) == (0.0, MAIN_THREAD)
+
+
+def test_progress_a_collective_sequence_stalls_from_the_last_entry_the_probe_timed_not_from_the_poll():
+    # polls every 0.5 s; the ranks' last collective began at T0 + 1.1 (the probe's own clock), read at the
+    # poll of T0 + 1.5: their stall counts from 1.1 (a hang is not seen up to a poll late)
+    def coll(rank, t, seq, entered):
+        return replace(_coll(rank, t, seq), last_enter=entered)
+    p = Progress()
+    for i in range(3):
+        t = T0 + 0.5 * i
+        p.observe([coll(r, t, seq=10 + i, entered=t - 0.05) for r in range(4)], t)
+    for i in range(3, 8):
+        t = T0 + 0.5 * i
+        p.observe([coll(r, t, seq=13, entered=T0 + 1.1) for r in range(4)], t)
+    assert p.majority(range(4), 4, T0 + 3.5) == (pytest.approx(2.4), COLLECTIVES)
+    # an entry time from before the last sample of the old position (another group's older call, a clock
+    # step) is clamped to that sample: never a stall longer than the samples allow
+    q = Progress()
+    q.observe([coll(0, T0, seq=1, entered=T0 - 0.1)], T0)
+    q.observe([coll(0, T0 + 0.5, seq=2, entered=T0 - 5.0)], T0 + 0.5)
+    assert q.stalled(0, T0 + 1.0) == (1.0, COLLECTIVES)
 
 
 def test_majority_needs_a_strict_majority_of_the_whole_job():

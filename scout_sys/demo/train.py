@@ -31,7 +31,13 @@ it at the same place as everyone else, as on a GPU.
 ``--startup-seconds T``: every rank sleeps T seconds (a slow data set preparation) before training.
 
 ``--checkpoint-every N --checkpoint-seconds T``: every N steps rank 0 writes a checkpoint for about
-T seconds while the others wait at a barrier (a healthy pause). Every rank exits by itself after
+T seconds while the others wait at a barrier (a healthy pause).
+
+``--eval-every N --eval-seconds T``: every N steps every rank evaluates held-out batches for about T
+seconds (forward passes, no collective), then the ranks average the metric with one all-reduce: a
+validation phase, another healthy pause (no collective progress anywhere, every rank computing).
+
+Every rank exits by itself after
 ``--max-seconds`` so a forgotten demo never outlives its welcome.
 """
 
@@ -75,6 +81,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-seconds", type=float, default=1.0)
     p.add_argument("--checkpoint-dir", default=None,
                    help="with --checkpoint-every: rank 0 also keeps DIR/step_N.pt (one torch.save each), as a job would")
+    p.add_argument("--eval-every", type=int, default=0)
+    p.add_argument("--eval-seconds", type=float, default=2.0)
     p.add_argument("--startup-seconds", type=float, default=0.0,
                    help="every rank prepares its data for this long (asleep) before the first step")
     p.add_argument("--log-every", type=int, default=10)
@@ -212,6 +220,21 @@ def write_checkpoint(model: nn.Module, seconds: float, path: str) -> int:
             return written
 
 
+def evaluate(model: nn.Module, seconds: float, gen: torch.Generator) -> float:
+    """--eval-every: held-out batches for about ``seconds`` (no gradient, no collective), then the
+    metric averaged over the ranks (one all-reduce), as a validation phase does."""
+    end = time.time() + seconds
+    total, n = 0.0, 0
+    with torch.no_grad():
+        while time.time() < end:
+            x = torch.randn(256, 32, generator=gen)
+            total += float(model(x).logsumexp(1).mean())
+            n += 1
+    metric = torch.tensor([total / max(1, n)])
+    dist.all_reduce(metric)
+    return float(metric) / dist.get_world_size()
+
+
 def prepare_data(seconds: float) -> None:
     """--startup-seconds: a slow start-up (reading and preparing the data set) before training."""
     end = time.time() + seconds
@@ -291,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
                     if args.checkpoint_dir:
                         torch.save(model.state_dict(), os.path.join(args.checkpoint_dir, f"step_{step}.pt"))
                 dist.barrier()
+            if args.eval_every and step and step % args.eval_every == 0:
+                if rank == 0:
+                    mark("eval", step=step)
+                evaluate(model, args.eval_seconds, gen)
             time.sleep(max(0.0, args.step_time - (time.time() - t0)) if args.step_time else 0.0)
             if rank == 0 and args.log_every and step % args.log_every == 0:
                 mark("step", step=step, loss=f"{loss.item():.4f}")

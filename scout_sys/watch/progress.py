@@ -80,6 +80,7 @@ class Progress:
         self._blocks_moved: set[int] = set()  # ranks whose count moved while watched
         self._seq: dict[int, _Run] = {}
         self._seq_groups: dict[int, dict[str, int]] = {}
+        self._seq_enter: dict[int, dict[str, float]] = {}  # rank -> group -> its latest collective's entry
         self._in_collective: dict[int, bool] = {}  # the rank's last stack sample was in a collective
         self._root: dict[int, tuple[str, str]] = {}  # each rank's outermost frame (its main's entry)
 
@@ -103,7 +104,12 @@ class Progress:
             elif isinstance(o, CollectiveSample):
                 groups = self._seq_groups.setdefault(o.rank, {})
                 groups[o.group] = max(groups.get(o.group, 0), o.seq)
-                _advance(self._seq, o.rank, sum(groups.values()), o.time)
+                enters = self._seq_enter.setdefault(o.rank, {})
+                if o.last_enter is not None:
+                    enters[o.group] = max(enters.get(o.group, 0.0), o.last_enter)
+                # the sequence moved when the rank entered its latest collective (the probe's own time),
+                # not when this poll read it: a hang's stall is not read up to a poll short
+                _advance(self._seq, o.rank, sum(groups.values()), o.time, at=max(enters.values(), default=None))
 
     def _observe_proc(self, o: ProcSample, now: float) -> None:
         if not o.alive:
@@ -212,10 +218,13 @@ def majority_of(stalls: Iterable[tuple[float, str]], n: int) -> tuple[float, str
     return ordered[-k]
 
 
-def _advance(runs: dict[int, _Run], rank: int, value: object, t: float) -> None:
+def _advance(runs: dict[int, _Run], rank: int, value: object, t: float, *, at: float | None = None) -> None:
+    """A sample of ``value`` at ``t``; ``at``: when the value changed, where the source says (kept between
+    the last sample of the value before and ``t``)."""
     run = runs.get(rank)
     if run is None or run.value != value:
-        runs[rank] = _Run(value, t, t)
+        since = t if at is None else min(t, max(at, run.seen if run is not None else at))
+        runs[rank] = _Run(value, since, t)
     elif t > run.seen:
         run.seen = t
 
