@@ -6,8 +6,8 @@ the start-up): ``fast`` (20 ms steps), ``slow`` (2 s steps), ``gpu`` (the GPU sh
 ``is_completed()`` polling, spinning waiters), ``startup`` (a 10 s pause before training, then 20 ms
 steps), ``checkpoint`` (20 ms steps, rank 0 writes a 2 s checkpoint about every 10 s while the others
 wait at a barrier), ``eval`` (20 ms steps, every rank evaluates for 3 s about every 9 s: no collective
-anywhere meanwhile, then one all-reduce of the metric). The fault is a hang (a rank stuck in its data loader, outside any collective);
-latency runs from the fault's own timestamp (the demo's marker) to the moment the event is read.
+anywhere meanwhile, then one all-reduce of the metric). The fault is a hang (a rank stuck in its data
+loader, outside any collective); latency runs from the fault's own timestamp (the demo's marker) to the moment the event is read.
 Healthy twins run ``--quiet`` seconds each (default 60; ``--quiet 600`` is the 10-minute check):
 any incident there, attributed or inconclusive, is a false alarm.
 

@@ -37,8 +37,7 @@ T seconds while the others wait at a barrier (a healthy pause).
 seconds (forward passes, no collective), then the ranks average the metric with one all-reduce: a
 validation phase, another healthy pause (no collective progress anywhere, every rank computing).
 
-Every rank exits by itself after
-``--max-seconds`` so a forgotten demo never outlives its welcome.
+Every rank exits by itself after ``--max-seconds`` so a forgotten demo never outlives its welcome.
 """
 
 from __future__ import annotations
