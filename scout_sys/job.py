@@ -33,6 +33,7 @@ from dataclasses import replace
 
 import psutil
 
+from scout_sys import launchers
 from scout_sys.errors import BadSelector, NoRanks, PermissionDenied, TargetGone
 from scout_sys.model import Job, Rank
 from scout_sys.rankenv import _Candidate, _candidate, _environ, _int, container_pid, denied_hint
@@ -40,8 +41,8 @@ from scout_sys.rankenv import _Candidate, _candidate, _environ, _int, container_
 __all__ = ["container_pid", "denied_hint", "find_job", "group_members", "with_layout", "_environ"]
 from scout_sys.text import ranks_text
 
+_ELSEWHERE = "run on other hosts"
 _SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish"}
-_LOOPBACK = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
 
 
 def _process(pid: int) -> psutil.Process:
@@ -142,23 +143,27 @@ def _build(cands: list[_Candidate], launcher: psutil.Process | None, selector: s
     world = max(c.world_size for c in ranks_c)
     found = {c.rank for c in ranks_c}
     notes: list[str] = []
-    # Which ranks should live on this host?
-    expected: set[int] = set()
-    lws = next((c.local_world_size for c in ranks_c if c.local_world_size), None)
+    # Which ranks live on this host: the launcher's own facts (scout_sys/launchers.py), never a guess
+    place = launchers.placement((c.rank, c.world_size, c.env) for c in ranks_c)
+    expected: set[int] = set(place.ranks or ())
     anchor = next((c for c in ranks_c if c.local_rank is not None), None)
-    if lws and anchor is not None:
-        base = anchor.rank - (anchor.local_rank or 0)
-        expected = set(range(base, base + lws))
-        notes.append(f"{lws} ranks expected on this host (LOCAL_WORLD_SIZE)")
-    elif any(c.env.get("MASTER_ADDR", "").lower() in _LOOPBACK | {host.lower()} for c in ranks_c):
-        expected = set(range(world))
-        notes.append("single-host job (MASTER_ADDR is this host): all ranks expected here")
+    unplaced = 0
+    if place.ranks is not None:
+        notes.append(f"{len(expected)} ranks expected on this host ({place.source})")
+        why = _ELSEWHERE
+    elif place.count is not None:
+        unplaced = max(0, place.count - len(found))
+        notes.append(f"{place.count} ranks live on this host ({place.source})")
+        why = (f"{unplaced} of them should run on this host and were not found; which ones, the launcher does "
+               "not say" if unplaced else _ELSEWHERE)
+    else:
+        why = "nothing in the ranks' environment says which ranks live on this host"
     missing = tuple(sorted(expected - found))
-    # Ranks of the job that live elsewhere: seen from this host they can be neither witness nor origin.
+    # Ranks of the job not seen here: they can be neither witness nor origin, never missing.
     remote = tuple(sorted(set(range(world)) - (expected or found)))
     if remote:
-        notes.append(f"{ranks_text(remote)} run on other hosts: not observed here (one agent per host sees "
-                     "the whole job: docs/cluster.md)")
+        said = "run on other hosts: not observed here" if why == _ELSEWHERE else f"not observed here: {why}"
+        notes.append(f"{ranks_text(remote)} {said} (one agent per host sees the whole job: docs/cluster.md)")
     ranks = tuple(
         Rank(
             rank=c.rank,
@@ -195,6 +200,7 @@ def _build(cands: list[_Candidate], launcher: psutil.Process | None, selector: s
         missing=missing,
         notes=tuple(notes),
         remote=remote,
+        unplaced=unplaced,
     )
 
 

@@ -92,6 +92,9 @@ class Job:
     layout_source: LayoutSource = LayoutSource.NONE
     # The short "where" of ``layout``: "--topology dp=2,tp=2", "DeepSpeed config ds.json" (the dashboard's title)
     layout_from: str = ""
+    # How many ranks the launcher says live on this host beyond those found, without saying which
+    # (Open MPI, MPICH): not missing (no rank is named), but what `watch` waits for at start-up.
+    unplaced: int = 0
 
     def by_rank(self) -> Mapping[int, Rank]:
         return self._index
@@ -227,6 +230,7 @@ def _to_wire(job: Job) -> dict[str, Any]:
     return {"ranks": ranks, "world_size": job.world_size, "launcher": job.launcher, "launcher_pid": job.launcher_pid,
             "host": job.host, "missing": list(job.missing), **_layout_to_json(job), "notes": list(job.notes),
             **({"remote": list(job.remote)} if job.remote else {}),
+            **({"unplaced": job.unplaced} if job.unplaced else {}),
             **({"missing_hosts": [list(x) for x in job.missing_hosts]} if job.missing_hosts else {})}
 
 
@@ -242,5 +246,5 @@ def _from_wire(d: Mapping[str, Any]) -> Job:
     return Job(ranks=tuple(ranks), world_size=int(d.get("world_size", len(ranks))), launcher=str(d.get("launcher", "?")),
                launcher_pid=d.get("launcher_pid"), host=host,
                missing=tuple(int(m) for m in d.get("missing", ())), notes=tuple(d.get("notes", ())),
-               remote=tuple(int(r) for r in d.get("remote", ())),
+               remote=tuple(int(r) for r in d.get("remote", ())), unplaced=int(d.get("unplaced", 0)),
                missing_hosts=tuple((int(m), str(h)) for m, h in d.get("missing_hosts", ())), **_layout_from_json(d))

@@ -3,8 +3,8 @@
 ``watch`` is often started in the same second as the job (``torchrun ... & scout-sys watch --job $!``),
 before the launcher has forked a single rank. :class:`RankFinder` then waits — cheaply, one look
 every ``look_every`` seconds — for as long as the selected process lives (or ``wait_ranks`` seconds),
-and hands over the job once every rank expected on this host is there (``WORLD_SIZE`` /
-``LOCAL_WORLD_SIZE``), or ``grace`` seconds after the first one appeared. The same rule follows an
+and hands over the job once every rank expected on this host is there (as the launcher's own
+environment says: scout_sys/launchers.py), or ``grace`` seconds after the first one appeared. The same rule follows an
 elastic restart: new pids for the same ranks.
 
 An ``env:NAME=VALUE`` selector names no process to outlive: a Slurm prolog or batch script starts the
@@ -105,6 +105,7 @@ class RankFinder:
         self._started: float | None = None
         self._first_seen: float | None = None
         self._last_look: float | None = None
+        self._seen: int | None = None  # how many ranks the last look found (start-up)
 
     # ------------------------------------------------------------------ start-up
     def first(self, now: float) -> Found:
@@ -135,9 +136,15 @@ class RankFinder:
     def _complete(self, job: Job, now: float) -> Found:
         """Hand over ``job`` once all its expected ranks are there, or after the grace period."""
         self._first_seen = self._first_seen or now
-        if job.missing and now - self._first_seen < self.grace:
-            return Found(WAITING, note=f"{len(job.ranks)} of {len(job.ranks) + len(job.missing)} ranks started")
-        self._first_seen = None
+        if (job.missing or job.unplaced) and now - self._first_seen < self.grace:
+            n = len(job.ranks) + len(job.missing) + job.unplaced
+            return Found(WAITING, note=f"{len(job.ranks)} of {n} ranks started")
+        # ranks of the job not seen here, and nothing says they live elsewhere: hand over once two looks
+        # agree on the ranks found (a launcher that starts its ranks one by one has finished forking)
+        seen, self._seen = self._seen, len(job.ranks)
+        if job.remote and not job.missing and seen != len(job.ranks) and now - self._first_seen < self.grace:
+            return Found(WAITING, note=f"{len(job.ranks)} ranks started so far")
+        self._first_seen, self._seen = None, None
         if job.launcher_pid:
             self.launcher_pid = job.launcher_pid
         return Found(FOUND, job)
