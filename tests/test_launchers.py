@@ -149,3 +149,45 @@ def test_a_count_without_ranks_is_waited_for_never_named():
     job = _job(envs)
     assert job.missing == () and job.unplaced == 2 and 1 not in job.by_rank(), job
     assert any("2 of them should run on this host and were not found" in n for n in job.notes), job.notes
+
+
+# ---------------------------------------------------------------- what the watch waits for at start-up
+
+T0 = 1000.0  # a clock reading of the finder's (any)
+
+
+def _partial(found: tuple[int, ...], world: int = 8, *, unplaced: int = 0, missing: tuple[int, ...] = ()):
+    from scout_sys.model import Job, Rank
+
+    ranks = tuple(Rank(rank=r, pid=100 + r, host="h", world_size=world) for r in found)
+    remote = tuple(r for r in range(world) if r not in found and r not in missing)
+    return Job(ranks=ranks, world_size=world, launcher="python", launcher_pid=99, host="h", remote=remote,
+               unplaced=unplaced, missing=missing)
+
+
+def test_the_watch_waits_for_ranks_a_count_says_are_here_but_never_names_them():
+    from scout_sys.watch.restart import FOUND, WAITING, RankFinder
+
+    seen = {"job": _partial((0,), unplaced=1)}
+    f = RankFinder("99", lambda s: seen["job"], lives=lambda s: True, look_every=0.5, grace=10.0)
+    found = f.first(T0)
+    assert found.status == WAITING and "1 of 2 ranks started" in found.note, found
+    seen["job"] = _partial((0, 2))
+    assert f.first(T0 + 1.0).status == WAITING  # the ranks found changed since the last look: still forking
+    found = f.first(T0 + 2.0)
+    assert found.status == FOUND and found.job is seen["job"], found
+    # a count that never fills: handed over after the grace period, nobody named missing
+    seen["job"] = _partial((0,), unplaced=1)
+    f = RankFinder("99", lambda s: seen["job"], lives=lambda s: True, grace=10.0)
+    assert f.first(T0).status == WAITING
+    found = f.first(T0 + 10.0)
+    assert found.status == FOUND and found.job.missing == (), found
+
+
+def test_the_watch_hands_over_a_settled_share_of_a_multi_node_job():
+    from scout_sys.watch.restart import FOUND, WAITING, RankFinder
+
+    job = _partial((0, 1))  # ranks 2-7 elsewhere, as the launcher says or nothing says
+    f = RankFinder("99", lambda s: job, lives=lambda s: True, look_every=0.5)
+    assert f.first(T0).status == WAITING  # one look: the launcher may still be forking
+    assert f.first(T0 + 0.5).status == FOUND  # two looks agree

@@ -10,8 +10,11 @@ defaults, the watch started in the same second as the job."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -50,12 +53,21 @@ class TwoNodes:
         self.nodes = []
         for k, name in enumerate(self.names):
             job = DemoJob(per_node)
+            if family == "deepspeed":  # the per-node launcher `deepspeed` runs on each host (pdsh)
+                info = json.dumps({n: list(range(per_node)) for n in self.names}).encode()
+                node = [sys.executable, "-m", "deepspeed.launcher.launch",
+                        f"--world_info={base64.urlsafe_b64encode(info).decode()}", f"--node_rank={k}",
+                        f"--master_addr={self.names[0]}", f"--master_port={port}", "--module", "--no_local_rank",
+                        *train[1:]]
+            else:
+                node = [sys.executable, STEP, family, str(k), "2", str(per_node), port, self.jobid, self.names[0],
+                        "--", *train]
             job.cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--uts", "sh", "-c",
-                       f'mount --bind {hosts} /etc/hosts && hostname {name} && exec "$@"', "sh",
-                       sys.executable, STEP, family, str(k), "2", str(per_node), port, self.jobid, self.names[0],
-                       "--", *train]
+                       f'mount --bind {hosts} /etc/hosts && hostname {name} && exec "$@"', "sh", *node]
             self.nodes.append(job)
-        self.selector = f"env:SLURM_JOB_ID={self.jobid}" if family == "slurm" else f"env:SCOUT_TEST_MPI_JOB={self.jobid}"
+        # diagnose by the job's variables (an agent beside the job), or by the launcher process (PID 1 in there)
+        self.selector = {"slurm": f"env:SLURM_JOB_ID={self.jobid}", "ompi": f"env:SCOUT_TEST_MPI_JOB={self.jobid}",
+                         "deepspeed": "1"}[family]
 
     def __enter__(self) -> TwoNodes:
         for job in self.nodes:
@@ -81,8 +93,6 @@ class TwoNodes:
         return ["nsenter", "-t", str(self.init0()), "--pid", "--mount", "--uts", "--", sys.executable, "-m", "scout_sys"]
 
     def diagnose(self) -> dict:
-        import json
-        import subprocess
 
         out = subprocess.run([*self.inside(), "diagnose", "--job", self.selector, "--window", "2.5", "--json"],
                              capture_output=True, text=True, timeout=120, check=False)
@@ -114,12 +124,17 @@ def _opened(w: WatchCli) -> list[str]:
 
 
 # A hang on node 0 is named by a strict majority of its ranks that wait for it: three ranks a node
-LOCAL = {"slurm": 1, "ompi": 2}  # a rank on node 0: block (0, 1, 2) / --map-by node (0, 2, 4)
-REMOTE = {"slurm": 3, "ompi": 1}  # a rank on node 1
+LOCAL = {"slurm": 1, "ompi": 2, "deepspeed": 1}  # on node 0: block (0, 1, 2) / --map-by node (0, 2, 4)
+REMOTE = {"slurm": 3, "ompi": 1, "deepspeed": 3}  # on node 1
+NODE0 = {"slurm": {0, 1}, "ompi": {0, 2}, "deepspeed": {0, 1}}  # of two ranks a node
+HOW = {"slurm": "2 ranks expected on this host (SLURM_TASKS_PER_NODE at SLURM_NODEID",
+       "ompi": "2 ranks live on this host (OMPI_COMM_WORLD_LOCAL_SIZE",
+       "deepspeed": "2 ranks expected on this host (LOCAL_SIZE (deepspeed))"}
 
 
-def test_a_healthy_srun_job_has_no_incident_on_its_master_node(tmp_path):
-    with TwoNodes(tmp_path, "slurm") as job:
+@pytest.mark.parametrize("family", ["slurm", "ompi", "deepspeed"])
+def test_a_healthy_job_has_no_incident_on_its_master_node(tmp_path, family):
+    with TwoNodes(tmp_path, family) as job:
         w = job.watch(tmp_path)
         try:
             _watching(w, job)
@@ -132,11 +147,11 @@ def test_a_healthy_srun_job_has_no_incident_on_its_master_node(tmp_path):
     # nothing attributed (a one-shot window on a loaded host may call a healthy stretch inconclusive)
     assert _attributed(d) == [] and all(i["kind"] != PROCESS_EXIT for i in d["incidents"]), d["incidents"]
     ranks = sorted(r["rank"] for r in d["job"]["ranks"])
-    assert ranks == [0, 1] and d["job"]["not_observed"] == [2, 3], d["job"]
-    assert any("2 ranks expected on this host (SLURM_TASKS_PER_NODE at SLURM_NODEID" in n for n in d["notes"]), d["notes"]
+    assert ranks == sorted(NODE0[family]) and d["job"]["not_observed"] == sorted({0, 1, 2, 3} - NODE0[family]), d["job"]
+    assert any(HOW[family] in n for n in d["notes"]), d["notes"]
 
 
-@pytest.mark.parametrize("family", ["slurm", "ompi"])
+@pytest.mark.parametrize("family", ["slurm", "ompi", "deepspeed"])
 def test_a_hang_on_node_0_is_named(tmp_path, family):
     rank = LOCAL[family]
     with TwoNodes(tmp_path, family, fault="hang", fault_rank=rank, fault_step=40, per_node=3) as job:
@@ -154,7 +169,7 @@ def test_a_hang_on_node_0_is_named(tmp_path, family):
     assert all(i["kind"] != PROCESS_EXIT for i in d["incidents"]), d["incidents"]
 
 
-@pytest.mark.parametrize("family", ["slurm", "ompi"])
+@pytest.mark.parametrize("family", ["slurm", "ompi", "deepspeed"])
 def test_a_hang_on_node_1_is_never_blamed_on_node_0(tmp_path, family):
     rank = REMOTE[family]
     with TwoNodes(tmp_path, family, fault="hang", fault_rank=rank, fault_step=40) as job:
@@ -168,7 +183,7 @@ def test_a_hang_on_node_1_is_never_blamed_on_node_0(tmp_path, family):
             opened = _opened(w)
         finally:
             w.stop()
-    node0 = {0, 1} if family == "slurm" else {0, 2}
+    node0 = NODE0[family]
     assert HANG in line and PROCESS_EXIT not in " ".join(opened), opened
     assert all(f"({ATTRIBUTED}) rank {r}" not in x for x in opened for r in node0), opened
     assert all(k != PROCESS_EXIT and not set(rs) & node0 for k, rs in _attributed(d)), d["incidents"]
