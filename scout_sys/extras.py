@@ -13,11 +13,13 @@ imports torch. What needs more says so in one line that names the install comman
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 from scout_sys.errors import ScoutError
 
 EXTRAS: dict[str, tuple[str, ...]] = {"cluster": ("torch",), "replay": ("torch", "safetensors"),
                                      "all": ("torch", "safetensors")}
+TORCH_PYTHON = (3, 10)  # the oldest Python torch 2.13 (the extras' pin) has wheels for; the monitor runs on 3.9
 
 
 class MissingExtra(ScoutError):
@@ -25,7 +27,10 @@ class MissingExtra(ScoutError):
 
 
 def install_hint(extra: str) -> str:
-    return f"pip install 'scout-sys[{extra}]'"
+    hint = f"pip install 'scout-sys[{extra}]'"
+    if sys.version_info < TORCH_PYTHON:  # pip would find no torch 2.13 here: say which Python to install with
+        return f"{hint} under Python 3.10 or newer (this is Python {sys.version_info[0]}.{sys.version_info[1]})"
+    return hint
 
 
 def missing(module: str) -> bool:

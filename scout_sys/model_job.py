@@ -13,14 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
-from enum import StrEnum
+from enum import Enum
 from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Literal
 
 
-class LayoutSource(StrEnum):
+class LayoutSource(str, Enum):  # enum.StrEnum from Python 3.11; the monitor runs on 3.9
     """Where a Job's peer groups came from (``"layout_source"`` in docs/json.md)."""
+
+    def __str__(self) -> str:  # its value, as StrEnum's: f-strings and str() print "learned"
+        return str(self.value)
 
     NONE = "none"  # nothing says: one group of every rank (consensus then groups by activity)
     TOPOLOGY = "topology"  # --topology (scout_sys.topology)

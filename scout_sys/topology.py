@@ -20,13 +20,18 @@ import json
 import os
 import re
 import shlex
-import tomllib
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from scout_sys.errors import ScoutError
 from scout_sys.model_job import LayoutSource
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.9 and 3.10 (RHEL 9, Ubuntu 22.04): the same parser, from PyPI
+    import tomli as tomllib
 
 DIMS = ("dp", "tp", "pp", "cp", "ep")
 # Rank orders, fastest-varying dimension first (Megatron-Core's notation).

@@ -41,7 +41,10 @@ def ebpf_reason() -> str | None:
 
 def libnccl() -> Path | None:
     """The real libnccl.so.2 of the nvidia-nccl-cu12 wheel (requirements-test.txt), or None."""
-    spec = importlib.util.find_spec("nvidia.nccl")
+    try:
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except ModuleNotFoundError:  # no ``nvidia`` package at all (a venv without the test wheels)
+        return None
     if spec is None or not spec.submodule_search_locations:
         return None
     lib = Path(list(spec.submodule_search_locations)[0]) / "lib" / "libnccl.so.2"

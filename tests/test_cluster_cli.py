@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from scout_sys.demo.launch import free_port
 from tests.conftest import scout
 
@@ -15,6 +17,7 @@ def _one_line(out) -> str:
     return out.stderr
 
 
+@pytest.mark.torch  # the store client: the cluster extra
 def test_no_store_there(tmp_path):
     token = tmp_path / "t"
     token.write_text(os.urandom(32).hex())
@@ -23,6 +26,7 @@ def test_no_store_there(tmp_path):
     assert "cannot reach the scout-sys store" in err and token.read_text() not in err
 
 
+@pytest.mark.torch  # the store client: the cluster extra
 def test_token_file_problems_and_bad_addresses(tmp_path):
     assert "cannot read --token-file" in _one_line(scout("diagnose", "--cluster", "h:1", "--token-file",
                                                          str(tmp_path / "none")))
@@ -36,6 +40,7 @@ def test_token_file_problems_and_bad_addresses(tmp_path):
                                                     "--node-rank", "2", "--token-file", str(tmp_path / "good")))
 
 
+@pytest.mark.torch  # the store client: the cluster extra
 def test_an_agent_started_before_its_leader_joins_and_never_says_rejoined():
     """srun starts every host's agent at once: a follower may reach the store before the leader wrote
     the run record. It waits, then *joins*; "rejoined" is only for a store that came back."""

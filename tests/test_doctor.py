@@ -22,7 +22,7 @@ def test_one_line_per_check() -> None:
     rc = doctor.run(out)
     lines = out.getvalue().splitlines()
     assert len(lines) == len(NAMES) + 1
-    for line, name in zip(lines[:-1], NAMES, strict=True):
+    for line, name in zip(lines[:-1], NAMES):
         word, rest = line.split(None, 1)
         assert word in ("OK", "MISSING", "OFF") and rest.startswith(name), line
     bad = [c for c in doctor.checks() if c.needed and not c.ok]

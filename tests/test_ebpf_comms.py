@@ -52,7 +52,7 @@ def _job(start_job, *args: str):
     # the ranks share one log: another rank's line may follow this one's text before its newline
     # (print writes the text and the end apart under PYTHONUNBUFFERED), so read exactly its fields
     line = r"NCCLJOB created rank=(\d) world=(\d+) tp=(\d+) dp=(\d+) trio=(\d+)"
-    handles = {int(m.group(1)): dict(zip(("world", "tp", "dp", "trio"), map(int, m.groups()[1:]), strict=True))
+    handles = {int(m.group(1)): dict(zip(("world", "tp", "dp", "trio"), map(int, m.groups()[1:])))
                for m in re.finditer(line, job.log())}
     assert sorted(handles) == [0, 1, 2, 3], job.log()
     return job, handles

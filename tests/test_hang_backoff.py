@@ -36,9 +36,9 @@ def _spin(t: float) -> float:
 def test_fruitless_windows_on_a_healthy_coarse_signal_back_off_to_one_per_max_quiet():
     h = HangWatch()
     windows, _ = _sim(h, T0, T0 + 300, _spin)
-    gaps = [b - a for a, b in zip(windows, windows[1:], strict=False)]
+    gaps = [b - a for a, b in zip(windows, windows[1:])]
     assert len(windows) <= 18  # without the backoff: one every 3 s, a hundred in 300 s
-    assert all(b >= a - 5.0 for a, b in zip(gaps, gaps[1:], strict=False))  # the quiet time only grows
+    assert all(b >= a - 5.0 for a, b in zip(gaps, gaps[1:]))  # the quiet time only grows
     assert MAX_QUIET <= gaps[-1] <= MAX_QUIET + 5.0  # capped
 
 
@@ -93,7 +93,7 @@ def test_the_stack_and_main_thread_signals_taking_turns_keep_the_backoff():
 def test_a_fixed_stall_after_does_not_back_off():
     h = HangWatch(stall_after=2.0)
     windows, _ = _sim(h, T0, T0 + 120, _spin)
-    gaps = [b - a for a, b in zip(windows, windows[1:], strict=False)]
+    gaps = [b - a for a, b in zip(windows, windows[1:])]
     assert gaps and max(gaps) <= 2 * 5.0, gaps  # every stretch of the spinner is looked at, as it always was
 
 

@@ -21,6 +21,7 @@ def test_bad_input_is_one_line_and_exit_2():
         assert out.stderr.strip().count("\n") == 0 and "Traceback" not in out.stderr, out.stderr
 
 
+@pytest.mark.torch
 def test_context_of_a_process_that_loaded_torch():
     code = "import torch, time, sys; print('ready', flush=True); time.sleep(60)"
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,

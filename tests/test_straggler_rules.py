@@ -165,7 +165,7 @@ def test_diagnose_straggler_not_for_a_checkpoint_pause_or_a_hang():
 def test_diagnose_straggler_healthy_job_names_nobody():
     mixed = [[WAIT, _fr("forward", "main"), WAIT, _fr("backward", "main"), WAIT][(i + r) % 5:] +
              [WAIT, _fr("forward", "main"), WAIT, _fr("backward", "main"), WAIT][:(i + r) % 5] for r, i in
-             zip(range(4), (0, 1, 2, 3), strict=True)]
+             zip(range(4), (0, 1, 2, 3))]
     obs, acts = _window(dict(enumerate(mixed)), dict.fromkeys(range(4), "running"))
     assert straggler_window.never_waiting(_job(4), obs, acts) == {}
 

@@ -12,6 +12,7 @@ Bodies of version 1 (state and pause per rank, ``"ranks"``) and version 2 (posit
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -31,7 +32,7 @@ _DEAD_V1 = frozenset({"stopped", "tracing-stop", "zombie", "gone"})
 _ENDED = frozenset({"zombie", "gone"})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **({"slots": True} if sys.version_info >= (3, 10) else {}))  # slots: from 3.10
 class RankBeat:
     """One rank in a heartbeat: a few values, no stacks.
 
@@ -163,7 +164,7 @@ def _decode_ranks(hb: Mapping[str, Any]) -> list[RankBeat]:
     groups = [str(g) for g in hb.get("groups", ())]
     out = []
     for row in hb["rows"]:
-        d = dict(zip(_ROW, row, strict=False))
+        d = dict(zip(_ROW, row))
         place = d.get("place", -1)
         stack, where = places[place] if isinstance(place, int) and 0 <= place < len(places) else ("", "")
         state = d.get("state")
@@ -172,6 +173,6 @@ def _decode_ranks(hb: Mapping[str, Any]) -> list[RankBeat]:
             state=states[state] if isinstance(state, int) and 0 <= state < len(states) else "?",
             pause=float(d.get("pause") or 0.0), stall=float(d.get("stall") or 0.0),
             signal=_SIGNAL_OF.get(d.get("signal"), MAIN_THREAD), dead=bool(d.get("dead")), where=where, stack=stack,
-            seqs=tuple((g, int(n)) for g, n in zip(groups, d.get("seqs") or (), strict=False) if n is not None),
+            seqs=tuple((g, int(n)) for g, n in zip(groups, d.get("seqs") or ()) if n is not None),
             step=float(d["step"]) if d.get("step") is not None else None))
     return out

@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Optional
 
 from scout_sys.cluster import wire
 from scout_sys.cluster.answer import Answer
@@ -43,7 +43,7 @@ from scout_sys.watch.views import Views
 
 WAITING = "waiting for the agents' heartbeats…"
 NO_AGENT = "(no agent)"  # the grid's group for ranks no agent reports
-Beats = Mapping[int, tuple[Heartbeat | None, str]]
+Beats = Mapping[int, tuple[Optional[Heartbeat], str]]  # a runtime alias: no ``X | None`` before 3.10
 
 
 class _Tap:

@@ -54,7 +54,7 @@ def _progression(g: Sequence[int]) -> tuple[int, int] | None:
     if len(g) < 2:
         return None
     s = g[1] - g[0]
-    if s <= 0 or any(b - a != s for a, b in zip(g, g[1:], strict=False)):
+    if s <= 0 or any(b - a != s for a, b in zip(g, g[1:])):
         return None
     return s, len(g)
 
@@ -82,7 +82,7 @@ def layout_of(groups: Sequence[Sequence[int]], world_size: int) -> Layout | None
     names = _NAMES.get(len(sizes))
     if stride != world_size or names is None:
         return None
-    dims = tuple(zip(names, sizes, strict=True))
+    dims = tuple(zip(names, sizes))
     # Layout.sizes is written slowest first (as --topology is), its order fastest first
     return Layout(tuple(reversed(dims)), names, "learned")
 

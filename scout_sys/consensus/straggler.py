@@ -99,7 +99,7 @@ def periods(obs: Sequence[Observation], start: float, end: float) -> dict[int, f
     out: dict[int, list[float]] = {}
     for (rank, _g), by_seq in seen.items():
         ts = sorted(by_seq.values())
-        out.setdefault(rank, []).extend(b - a for a, b in zip(ts, ts[1:], strict=False) if b > a)
+        out.setdefault(rank, []).extend(b - a for a, b in zip(ts, ts[1:]) if b > a)
     return {r: statistics.median(v) for r, v in out.items() if v}
 
 
@@ -125,7 +125,7 @@ def _lags(obs: Sequence[Observation], ranks: Sequence[int], start: float, end: f
         for r, t in times.items():
             per_rank[r].append(t - first)
     firsts.sort()
-    gaps = [b - a for a, b in zip(firsts, firsts[1:], strict=False) if b > a]
+    gaps = [b - a for a, b in zip(firsts, firsts[1:]) if b > a]
     period = statistics.median(gaps) if gaps else None
     lags = {r: statistics.median(v) for r, v in per_rank.items()}
     if period and max(lags.values()) > period and not all(collgroups.known(g) for g, _seq in common):

@@ -78,7 +78,7 @@ def analyze_sample(acts: Mapping[int, Activity], sample: ProcessGroupSample) -> 
     first = None
     for pick in product(*(gs for _, gs in tied)):
         w = dict(waits)
-        for (r, _), gi in zip(tied, pick, strict=True):
+        for (r, _), gi in zip(tied, pick):
             w[r] = replace(w[r], group=gi)
         gi = analyze(w, groups)
         if gi.status != ATTRIBUTED or (first is not None and (gi.origins, gi.kinds) != (first[0].origins,

@@ -160,7 +160,7 @@ class ReplayPart:
                 self.recent.extend(res.rounds)
                 ends = res.ended or (self._ended_wall,) * len(res.rounds)  # the ledger's times
                 self._since += [(end, ledger.result_of(self.job, rnd, dv)[1])
-                                for end, rnd, dv in zip(ends, res.rounds, res.digests, strict=True)]
+                                for end, rnd, dv in zip(ends, res.rounds, res.digests)]
                 note = Evidence("replay", f"replay round started for: {reason}")
                 out = [replace(i, evidence=i.evidence + (note,)) for i in res.diagnosis.incidents
                        if i.kind in (SDC, STRAGGLER)]

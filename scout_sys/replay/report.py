@@ -19,7 +19,7 @@ def render_replay(r: ReplayResult, *, verbose: bool = True) -> str:
     lines.append(f"  {'DEVICE':<14} {'RANKS':<8} {'DIGESTS':<40} SECONDS")
     for i, dev in enumerate(r.rounds[-1]):
         secs = []
-        for rnd, tv in zip(r.rounds, r.times, strict=True):
+        for rnd, tv in zip(r.rounds, r.times):
             s = tv.seconds.get(rnd[i].device)
             secs.append("-" if s is None else f"{s:.3f}" + ("*" if rnd[i].device in tv.slow else ""))
         if dev.error:

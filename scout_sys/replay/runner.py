@@ -395,7 +395,7 @@ def _diagnose(job: Job, rounds: Sequence[Sequence[DeviceRound]], digests: Sequen
               times: Sequence[rules.SlowVerdict], t0: float, t1: float, notes: list[str]) -> Diagnosis:
     incidents: list[Incident] = []
     seen: set[tuple] = set()
-    for res, dv in zip(rounds, digests, strict=True):
+    for res, dv in zip(rounds, digests):
         for inc in rules.sdc_incidents(job, res, dv, t0):
             if inc.key() not in seen:  # the same finding in several rounds is one incident
                 seen.add(inc.key())

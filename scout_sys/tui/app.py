@@ -185,7 +185,7 @@ class ScoutApp(Commands, App[int]):
         if msg.error is not None:
             self._error = f"{type(msg.error).__name__}: {msg.error}"
             ended = isinstance(msg.error, TargetGone)
-            if isinstance(msg.error, NoRanks | TargetGone) and self.source.snapshot is None:
+            if isinstance(msg.error, (NoRanks, TargetGone)) and self.source.snapshot is None:
                 self.fatal = msg.error  # the selected job ended before it had ranks: nothing to show
                 self.exit(2)
                 return

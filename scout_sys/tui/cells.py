@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Optional
 
 from scout_sys.model import Snapshot
 from scout_sys.report import printable
@@ -23,7 +24,7 @@ OTHER = "other"  # the peers layout's block for ranks in no peer group
 
 # One piece of a grid line: its text, its style (a category or one of the names above) and the rank
 # it shows (None for labels and gaps).
-Seg = tuple[str, str, int | None]
+Seg = tuple[str, str, Optional[int]]  # a runtime alias: no ``X | None`` before Python 3.10
 
 
 @dataclass(frozen=True)

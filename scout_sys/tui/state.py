@@ -102,7 +102,7 @@ class StackGroup:
 def _differs(stack: Sequence[str], ref: Sequence[str]) -> int:
     """Frames of ``stack`` (innermost first) not shared with ``ref``'s outermost common part."""
     common = 0
-    for a, b in zip(reversed(stack), reversed(ref), strict=False):
+    for a, b in zip(reversed(stack), reversed(ref)):
         if a != b:
             break
         common += 1
@@ -220,7 +220,7 @@ def median_series(series: Iterable[Sequence[float | None]], width: int = 16) -> 
     n = max(len(t) for t in tails)
     if any(len(t) != n for t in tails):
         tails = [(None,) * (n - len(t)) + t for t in tails]
-    return tuple(statistics.median(v for v in col if v is not None) for col in zip(*tails, strict=True))
+    return tuple(statistics.median(v for v in col if v is not None) for col in zip(*tails))
 
 
 # --------------------------------------------------------------------------- sparklines

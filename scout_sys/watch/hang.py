@@ -184,7 +184,7 @@ class HangWatch:
         if len(self.pauses) < 2:
             return None
         starts = [s for s, _ in self.pauses]
-        period = statistics.median(b - a for a, b in zip(starts, starts[1:], strict=False))
+        period = statistics.median(b - a for a, b in zip(starts, starts[1:]))
         if period <= 0:
             return None
         k = round((began - starts[-1]) / period)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from typing import Optional
 
 from scout_sys.model import Event, Evidence, Incident
 
@@ -24,7 +25,7 @@ KEEP = ("bundle", "trigger")
 
 # Called once per new incident: returns the incident to publish (e.g. with the bundle's evidence) and
 # the bundle path, if one was saved.
-OnOpen = Callable[[Incident], tuple[Incident, str | None]]
+OnOpen = Callable[[Incident], tuple[Incident, Optional[str]]]  # runtime alias: no ``X | None`` before 3.10
 
 
 def evidence_key(e: Evidence) -> tuple:

@@ -319,7 +319,7 @@ def _close_uprobes_in_parallel(bpf: Any) -> None:
         return
     with ThreadPoolExecutor(max_workers=len(events)) as pool:  # ctypes calls release the GIL
         results = list(pool.map(lambda ev: lib.bpf_close_perf_event_fd(ev[1]), events))
-    for (name, _fd), res in zip(events, results, strict=True):
+    for (name, _fd), res in zip(events, results):
         if res >= 0:
             lib.bpf_detach_uprobe(name)
             bpf._del_uprobe_fd(name)
