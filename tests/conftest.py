@@ -195,6 +195,20 @@ def settle(job: DemoJob, *faulty: int, parked_in: str | None = None, quiet: floa
             raise TimeoutError(f"the ranks {witnesses} did not settle within {timeout:g}s:\n{job.log()[-2000:]}")
 
 
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
+    """Until ``predicate()`` is true (its value is returned), polled every ``interval`` s: the condition a
+    test means instead of a fixed sleep; an AssertionError that says ``what`` did not happen after
+    ``timeout`` s (a bound generous enough for a loaded 2-core machine, never a speed asserted)."""
+    end = time.time() + timeout
+    while True:
+        v = predicate()
+        if v:
+            return v
+        if time.time() > end:
+            raise AssertionError(f"{what}: not within {timeout:g} s")
+        time.sleep(interval)
+
+
 def scout(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run the real command line in a subprocess (as a user would)."""
     return subprocess.run([sys.executable, "-m", "scout_sys", *args], capture_output=True, text=True,

@@ -46,6 +46,23 @@ def _wait(pred, timeout: float, what: str):
     raise AssertionError(f"{what}: not within {timeout} s")
 
 
+def _sigmask(pid: int, field: str) -> int:
+    """A signal set of /proc/PID/status (SigPnd, ShdPnd, SigCgt, ...); 0 once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(ln.split()[1], 16) for ln in f if ln.startswith(field + ":")), 0)
+    except OSError:
+        return 0
+
+
+def _catches(pid: int, sig: int) -> bool:
+    return bool(_sigmask(pid, "SigCgt") & 1 << (sig - 1))
+
+
+def _pending(pid: int, sig: int) -> bool:
+    return bool((_sigmask(pid, "SigPnd") | _sigmask(pid, "ShdPnd")) & 1 << (sig - 1))
+
+
 @pytest.mark.slow
 def test_pid_file_logrotate_sighup_and_the_runbooks_first_command(start_job, tmp_path: Path) -> None:
     """A real watch started with a real job: --pid-file holds its pid; logrotate, run on the documented
@@ -75,8 +92,10 @@ def test_pid_file_logrotate_sighup_and_the_runbooks_first_command(start_job, tmp
         assert r.returncode == 0, r.stdout + r.stderr
         assert Path(str(events) + ".1").exists()  # rotated (delaycompress: the first one stays plain)
         _wait(events.exists, 5, "a fresh events file after SIGHUP")
+        _wait(lambda: _catches(bare.proc.pid, signal.SIGHUP), 60, "the bare watch's SIGHUP handler")
         bare.proc.send_signal(signal.SIGHUP)
-        time.sleep(1.0)
+        # delivered (pending no more): a watch whose SIGHUP killed it would be gone by then
+        _wait(lambda: not _pending(bare.proc.pid, signal.SIGHUP), 30, "SIGHUP delivered to the bare watch")
         assert w.proc.poll() is None and bare.proc.poll() is None, (w.stderr(), bare.stderr())
         job.wait_fault(timeout=120)
         e = w.wait_event(lambda e: e.get("event") == "incident_opened", timeout=90)

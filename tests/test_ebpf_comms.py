@@ -21,7 +21,7 @@ from scout_sys.monitor import Monitor
 from scout_sys.probes.pgroups import ProcessGroupProbe
 from tests._ebpf_jobs import ebpf_skip_reason
 from tests._host import libnccl
-from tests.conftest import JOBS
+from tests.conftest import JOBS, settle
 from tests.test_ebpf_detach import perf_event_fds
 from tests.test_watch import watch_cli  # noqa: F401 (fixture)
 
@@ -73,7 +73,9 @@ def test_groups_learned_exactly_and_the_wait_for_graph_names_the_origin(start_jo
     go.touch()
     m = job.wait_for(r"NCCLJOB fault hang rank=2 step=(\d+)", timeout=120)
     step = int(m.group(1))
-    time.sleep(1.5)
+    # every other rank spins at its sync point (the store's meet) for a partner that never comes: its
+    # collectives entered, the positions below are final
+    settle(job, j.by_rank()[2].pid, parked_in="meet")
     probe.start(j)  # the healthy window's Monitor unbound it on close, as a watch's restart does
     comms = probe.learned()
     assert set(comms.groups) == LAYOUT and len(comms.groups) == len(LAYOUT), comms

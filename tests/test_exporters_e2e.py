@@ -26,6 +26,7 @@ from scout_sys.job import find_job
 from scout_sys.model import ATTRIBUTED, HANG
 from scout_sys.tui.app import make_app
 from scout_sys.watch import WatchConfig, Watcher
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
 AS_ROOT = ["--on-incident-user", "root"] if os.geteuid() == 0 else []
@@ -110,13 +111,15 @@ def test_a_hanging_hook_is_killed_and_a_failing_one_reported_while_the_watch_goe
                   "--on-incident-all", "--on-incident-timeout", "2", *AS_ROOT)
     job.wait_fault()
     opened = w.wait_event(lambda e: e["event"] == "incident_opened" and 1 in e["incident"]["ranks"], timeout=40)
-    time.sleep(3)  # the opened hook is killed at 2 s meanwhile; the watch keeps polling
+    # the opened hook is killed at its 2 s timeout meanwhile; the watch keeps polling
+    killed = f"hook for {opened['incident']['id']} incident_opened: killed at its 2 s timeout"
+    wait_for(lambda: killed in w.stderr(), 60, "the hanging hook killed")
     os.kill(find_job(str(job.pid)).by_rank()[1].pid, signal.SIGCONT)
     w.wait_event(lambda e: e["event"] == "incident_closed" and e["incident"]["id"] == opened["incident"]["id"],
                  timeout=40)
     w.stop()
     err = w.stderr()
-    assert f"hook for {opened['incident']['id']} incident_opened: killed at its 2 s timeout" in err, err
+    assert killed in err, err
     assert (f"hook for {opened['incident']['id']} incident_closed: exit 3 in " in err
             and "stderr: cannot reach the webhook" in err), err
     leftovers = []

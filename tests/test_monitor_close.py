@@ -9,13 +9,18 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
-
-import pytest
 
 from scout_sys.model import Job, Rank
 from scout_sys.monitor import Interrupted, Monitor
 from scout_sys.probes import Health
+
+
+def _returns(call, timeout: float = 30.0) -> bool:
+    """``call()`` in a thread returned within ``timeout`` s (it ends at all while the gate holds for 60 s)."""
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(timeout)
+    return not t.is_alive()
 
 
 class GatedProbe:
@@ -76,14 +81,15 @@ def test_a_probe_detaching_late_never_holds_the_monitor_lock_and_a_person_waits_
     mon = Monitor(me, extra_probes=[probe])
     mon.start()
     assert probe.entered.wait(60)
-    t0 = time.monotonic()
-    mon.close(background=True)
-    assert time.monotonic() - t0 < 0.5
+    # close(background=True) returns while the probe's start still blocks (it would for 60 s): it ends
+    # at all before the test lets the start go
+    assert _returns(lambda: mon.close(background=True)), "close(background=True) waited for the probe's start"
+    assert not probe.release.is_set()
     probe.release.set()
     assert detaching.wait(60)  # the probe thread detaches it now...
-    t1 = time.monotonic()
-    assert not mon._on(probe)  # ...and the lock is free meanwhile
-    assert time.monotonic() - t1 < 0.5
+    on: list[bool] = []
+    assert _returns(lambda: on.append(mon._on(probe)))  # ...and the lock is free meanwhile
+    assert on == [False] and not done.is_set()  # answered while the detach still blocks
     done.set()
     assert probe.closed.wait(60) and not probe.attached
 
@@ -95,11 +101,20 @@ def test_an_interrupted_window_stops_at_its_next_sample_and_judges_nothing() -> 
              launcher="explicit", launcher_pid=None, host=socket.gethostname())
     mon = Monitor(me)
     mon.start()
+    raised: list[BaseException] = []
+
+    def window() -> None:
+        try:
+            mon.collect(3600.0, proc_interval=0.25, stack_interval=3600.0)  # an hour, unless interrupted
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
+            raised.append(e)
+
     try:
-        threading.Timer(0.3, mon.interrupt).start()
-        t0 = time.monotonic()
-        with pytest.raises(Interrupted):
-            mon.collect(30.0, proc_interval=0.25, stack_interval=30.0)
-        assert time.monotonic() - t0 < 5.0  # not the 30 s window
+        t = threading.Thread(target=window, daemon=True)
+        t.start()
+        threading.Timer(0.3, mon.interrupt).start()  # q, while the window runs
+        t.join(60)  # ends at all: it stops at its next sample, not at the hour's end
+        assert not t.is_alive(), "the interrupted window ran on"
+        assert [type(e) for e in raised] == [Interrupted], raised
     finally:
         mon.close()

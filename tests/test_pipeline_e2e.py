@@ -23,11 +23,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.conftest import JOBS, origins, scout
+from tests.conftest import JOBS, origins, scout, settle
 from tests.test_watch import watch_cli  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow
@@ -63,8 +62,9 @@ def _graph(d: dict) -> tuple[list[dict], list[list[int]]]:
 def _inject(job, ctl, rank: int, fault: str) -> int:
     (ctl / f"rank{rank}").write_text(fault)
     m = job.wait_for(rf"PIPE fault {fault} rank={rank} pid=(\d+)", timeout=60)
-    time.sleep(1.0)  # every other rank reaches its wait
-    return int(m.group(1))
+    pid = int(m.group(1))
+    settle(job, pid)  # every other rank reaches its wait
+    return pid
 
 
 def _release(job, ctl, rank: int, fault: str, pid: int) -> None:

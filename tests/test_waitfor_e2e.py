@@ -26,7 +26,8 @@ import time
 import pytest
 
 from scout_sys.consensus.peers import LEARNED
-from tests.conftest import JOBS, job_with_go_file, origins, scout
+from scout_sys.watch.hang import CONFIRM_WINDOW, RECONFIRM_EVERY
+from tests.conftest import JOBS, job_with_go_file, origins, scout, settle, wait_for
 from tests.test_watch import watch_cli  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow
@@ -61,8 +62,8 @@ def test_megatron_dp2_tp2_healthy(megatron_lock_later):
 def test_megatron_dp2_tp2_lock_named_by_the_wait_for_graph(megatron_lock_later):
     job, go = megatron_lock_later
     go.touch()
-    job.wait_for(r"MEGATRON fault lock rank=2", timeout=150)
-    time.sleep(2.0)
+    m = job.wait_for(r"MEGATRON fault lock rank=2 pid=(\d+)", timeout=150)
+    settle(job, int(m.group(1)))  # every other rank waits in its collective
     rc, d = _diagnose(job.pid)
     assert rc == 1 and origins(d) == [("hang", "attributed", [2])], d["incidents"]
     assert d["job"]["layout"].startswith(LEARNED)  # nothing was given: the layout was learned (consensus/peers.py)
@@ -87,6 +88,22 @@ def test_megatron_lock_opens_in_watch(start_job, watch_cli):  # noqa: F811
 
 # The DTensor dp=2 x tp=2 hang named without --topology by the wait-for graph is
 # tests/test_layouts_e2e.py::test_dtensor_dp2_tp2_hang_named_without_topology, on that file's tp job.
+
+
+def _metrics(port: int) -> dict[tuple[str, frozenset], float]:
+    from tests.test_exporters_e2e import _scrape
+
+    return _scrape(port, starting=True)
+
+
+def _seen_by_the_collective_probe(port: int, n: int) -> bool:
+    """The watch's /metrics has a collective sequence number of every one of the ``n`` ranks."""
+    return {dict(lbl).get("rank") for (name, lbl) in _metrics(port) if name == "scout_sys_rank_collective_seq"} \
+        >= {str(r) for r in range(n)}
+
+
+def _snapshot_time(port: int) -> float:
+    return next((v for (name, _), v in _metrics(port).items() if name == "scout_sys_snapshot_timestamp_seconds"), 0.0)
 
 
 def _wait_probe_up(port: int, probe: str, timeout: float) -> None:
@@ -120,15 +137,19 @@ def test_dtensor_tp_desync_in_watch(start_job, watch_cli, tmp_path, fault):  # n
     port = free_port()
     w = watch_cli(job.pid, "--stall-after", "5", "--prometheus", f"127.0.0.1:{port}")
     _wait_probe_up(port, "ebpf-collectives", timeout=120)
-    time.sleep(1.0)
+    wait_for(lambda: _seen_by_the_collective_probe(port, 4), 60, "every rank's collectives seen by the probe")
     go.touch()
     job.wait_for(rf"LAYOUT fault {fault} rank=2", timeout=60)
     e = w.wait_event(lambda e: e["event"] == "incident_opened", timeout=60)
+    opened_at = _snapshot_time(port)
     assert (e["incident"]["kind"], e["incident"]["status"], e["incident"]["ranks"]) == (
         "collective_desync", "attributed", [2]), w.events
     # the stack window's tie (every rank waits, no strict majority at one place) is the desync's
     # evidence, not an incident of its own: the whole stream is the one desync, also a window later
-    time.sleep(6.0)
+    # (the open incident's reconfirming window, taken RECONFIRM_EVERY s on by the watch's own clock,
+    # and a poll after it)
+    later = opened_at + RECONFIRM_EVERY + CONFIRM_WINDOW + 1.0
+    wait_for(lambda: _snapshot_time(port) >= later, 90, "a poll after the reconfirming window")
     assert w.opened() == [("collective_desync", "attributed", [2])], w.events
 
 

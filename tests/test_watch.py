@@ -180,19 +180,20 @@ def test_healthy_job_with_checkpoint_pauses_and_evaluations_watched_for_40_s_ope
     assert w.stop() == 0
 
 
-@pytest.mark.serial  # timing: run alone (see tests/README.md)
-def test_at_the_defaults_a_hang_after_a_slow_start_up_is_named_within_10_s(start_job, watch_cli, tmp_path):
+@pytest.mark.serial  # load-sensitive (a start-up that must stay quiet): run alone (see tests/README.md)
+def test_at_the_defaults_a_hang_after_a_slow_start_up_is_named_at_the_steps_threshold(start_job, watch_cli,
+                                                                                       tmp_path):
     # every rank prepares its data for 6 s (asleep) before 20 ms steps; rank 2 hangs ~3 s into training.
-    # The old default learned the start-up and waited four times it; now the recent steady gap counts.
+    # The old default learned the start-up and waited four times it; now the recent steady gap counts:
+    # the threshold the hang was suspected at is the steps' (the floor), not one the 6 s start-up taught.
+    # How soon that is, in seconds, is benchmarks/watch_defaults.py's (the "startup" job): no speed here.
     job = start_job(4, fault="hang", fault_rank=2, fault_step=150,
                     args=["--startup-seconds", "6", "--step-time", "0.02", "--log-every", "50"])
     w = watch_cli(job.pid, "--state-dir", str(tmp_path), "--no-replay")  # no --stall-after: the defaults
-    m = job.wait_for(r"SCOUT-DEMO fault .* t=([0-9.]+)", timeout=120)
-    fault = float(m.group(1))
+    job.wait_fault(timeout=120)
     e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["ranks"] == [2], timeout=60)
-    took = time.time() - fault
-    print(f"named {took:.1f} s after the fault")
-    assert took <= 10.0, (took, e["incident"]["evidence"])
+    trigger = [v for v in e["incident"]["evidence"] if "trigger" in v]
+    assert trigger and trigger[0]["stall_after"] < 6.0, e["incident"]["evidence"]
     assert e["incident"]["kind"] == HANG and e["incident"]["status"] == ATTRIBUTED
     assert w.opened() == [(HANG, ATTRIBUTED, [2])], w.events  # nothing before it, during the start-up
 

@@ -12,14 +12,22 @@ import time
 
 import pytest
 
-from scout_sys.demo.launch import DemoJob
-from scout_sys.model import ATTRIBUTED, HANG, INCONCLUSIVE
+from scout_sys.demo.launch import DemoJob, free_port
+from scout_sys.model import ATTRIBUTED, COLLECTIVES, HANG, INCONCLUSIVE, MAIN_THREAD
 from scout_sys.tui.app import make_app
 from scout_sys.tui.widgets import HeaderBar, RankGrid
 from scout_sys.watch import WAITING_TEXT, WatchConfig, Watcher
+from tests.conftest import wait_for
+from tests.test_exporters_e2e import _get, _scrape
 from tests.test_watch import WatchCli
 
 pytestmark = pytest.mark.slow
+
+
+def _collectives_seen(metrics: dict, n: int) -> bool:
+    """The watch's /metrics: the collective probe attached and a sequence number of every one of ``n`` ranks."""
+    ranks = {dict(lbl).get("rank") for (name, lbl) in metrics if name == "scout_sys_rank_collective_seq"}
+    return _get(metrics, "scout_sys_probe_up", probe="ebpf-collectives") == [1.0] and ranks >= {str(r) for r in range(n)}
 
 
 def _watch(pid: int, *args: str) -> WatchCli:
@@ -28,20 +36,28 @@ def _watch(pid: int, *args: str) -> WatchCli:
 
 @pytest.mark.parametrize("ebpf", [False, True], ids=["no-ebpf", "ebpf"])
 def test_watch_started_with_torchrun_names_a_gpu_shaped_hang(start_job, tmp_path, ebpf):
-    job = start_job(4, fault="hang", fault_rank=2, fault_step=30, args=["--sync", "spin"])
-    w = _watch(job.pid, "--stall-after", "5", "--state-dir", str(tmp_path), *([] if ebpf else ["--no-ebpf"]))
+    go = tmp_path / "go"
+    job = start_job(4, fault="hang", fault_rank=2, args=["--sync", "spin", "--fault-when", str(go)])
+    port = free_port()
+    w = _watch(job.pid, "--stall-after", "5", "--state-dir", str(tmp_path / "state"), "--prometheus",
+               f"127.0.0.1:{port}", *([] if ebpf else ["--no-ebpf"]))
     try:
-        job.wait_fault(timeout=180)
+        if ebpf:  # the fault once the collective probe sees every rank: its signal is then the one that counts
+            wait_for(lambda: _collectives_seen(_scrape(port, starting=True), 4), 180,
+                     "the collective probe attached and seeing every rank")
+        else:
+            job.wait_steps(2, timeout=180)
+        go.touch()
+        job.wait_fault(timeout=60)
         e = w.wait_event(lambda e: e["event"] == "incident_opened" and e["incident"]["kind"] == HANG, timeout=60)
         assert e["incident"]["status"] == ATTRIBUTED and e["incident"]["ranks"] == [2], e
         assert "wait_for_buckets" in e["incident"]["summary"]
         trigger = [ev for ev in e["incident"]["evidence"] if "trigger" in ev]
-        # the spinners' main threads never stop: without eBPF, their main threads stopped blocking (their
-        # voluntary switches stand still, read every poll) or their stacks stay at one place; with it
-        # their collective sequence numbers (or one of those, when it comes first)
-        assert trigger, e["incident"]["evidence"]
-        assert trigger[0]["trigger"] in (("collectives", "stack", "main thread") if ebpf else ("main thread", "stack")), \
-            e["incident"]["evidence"]
+        # the spinners' main threads never stop: with eBPF their collective sequence numbers stand still
+        # (every rank seen by the probe is judged by them alone); without it, their main threads stopped
+        # blocking (their voluntary switches stand still, read every poll, from about the moment they
+        # last blocked), which a stack sampled seconds apart at one place never outruns
+        assert [t["trigger"] for t in trigger] == [COLLECTIVES if ebpf else MAIN_THREAD], e["incident"]["evidence"]
     finally:
         assert w.stop() == 1
     assert w.opened() == [(HANG, ATTRIBUTED, [2])], w.events

@@ -79,16 +79,18 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("deepspeed/comm/comm.py", "", "op"),
     _p("deepspeed/comm/torch.py", "", "wrapper"),
     _p("deepspeed/runtime/pipe/p2p.py", "", "wrapper", "pipeline p2p", p2p=True),
-    _p("deepspeed/runtime/comm/coalesced_collectives.py", "", "wrapper"),
+    # (no row for runtime/comm/coalesced_collectives.py: it waits nowhere itself, every call goes
+    # through deepspeed.comm, whose rows are inner to it)
     # Megatron-Core: tensor-parallel mappings, pipeline p2p, the DDP / distributed-optimizer buffers.
     _p("megatron/core/tensor_parallel/mappings.py", "", "wrapper"),
     _p("megatron/core/pipeline_parallel/p2p_communication.py", "", "wrapper", "pipeline p2p", p2p=True),
     _p("megatron/core/distributed/param_and_grad_buffer.py", "", "wrapper"),
     _p("megatron/core/distributed/finalize_model_grads.py", "", "wrapper"),
     _p("megatron/core/optimizer/distrib_optimizer.py", "", "wrapper"),
-    # TorchTitan: its own collective helpers (everything else goes through torch above).
+    # TorchTitan: its own collective helpers, which wait themselves on a GPU (dist_sum's ``.item()`` of a
+    # functional all-reduce, set_pg_timeouts' synchronize; everything else goes through torch above; its
+    # pipeline_parallel.py only builds torch.distributed.pipelining schedules, whose rows are inner to it).
     _p("torchtitan/distributed/utils.py", "", "wrapper"),
-    _p("torchtitan/distributed/pipeline_parallel.py", "", "wrapper", "pipeline p2p", p2p=True),
 )
 
 # Frames that belong to the libraries above, skipped when looking for the caller's call site.

@@ -43,7 +43,13 @@ def function_symbols(path: str, pattern: bytes) -> dict[str, int]:
                 continue
             str_off, str_size = sections[link][4], sections[link][5]
             strtab = m[str_off:str_off + str_size]
-            wanted = {mt.start(1): mt.group(1) for mt in name_re.finditer(strtab)}
+            # every match, overlapping ones too: a symbol's name may be the tail of another matching one
+            # ("ncclAllReduce" inside "pncclAllReduce"), which a scan resuming after each match skips
+            wanted: dict[int, bytes] = {}
+            pos = 0
+            while (mt := name_re.search(strtab, pos)) is not None:
+                wanted[mt.start(1)] = mt.group(1)
+                pos = mt.start(1) + 1
             if not wanted:
                 continue
             for st_name, st_info, _other, shndx, value, _size in struct.iter_unpack("<IBBHQQ", m[off:off + size]):
