@@ -50,6 +50,7 @@ def is_common_mode(i: Incident) -> bool:
 def _collectives(obs: Sequence[Observation], ranks: Sequence[int], window: tuple[float, float]) -> dict[int, float]:
     """rank -> last collective entry / exit, for the ranks the collectives probe reported."""
     out: dict[int, float] = {}
+    ranks = set(ranks)  # looked up per sample
     for o in obs:
         if isinstance(o, CollectiveSample) and o.rank in ranks:
             t = max((x for x in (o.last_enter, o.last_exit) if x is not None), default=0.0)
@@ -61,6 +62,7 @@ def _threads_moved(obs: Sequence[Observation], ranks: Sequence[int]) -> tuple[di
     """rank -> names of its non-main threads whose stack changed over the window; how many ranks had two
     stack samples or more."""
     per: dict[int, list[StackSample]] = {}
+    ranks = set(ranks)  # looked up per sample
     for o in obs:
         if isinstance(o, StackSample) and not o.native and o.error is None and o.rank in ranks:
             per.setdefault(o.rank, []).append(o)

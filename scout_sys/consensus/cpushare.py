@@ -54,6 +54,7 @@ class CpuShare:
 def shares(obs: Sequence[Observation], ranks: Sequence[int]) -> dict[int, CpuShare]:
     """Per rank, its :class:`CpuShare` between its first and last /proc sample of ``obs``."""
     by_rank: dict[int, list[ProcSample]] = {}
+    ranks = ranks if isinstance(ranks, (set, frozenset)) else set(ranks)  # looked up per sample
     for o in obs:
         if isinstance(o, ProcSample) and o.rank in ranks and o.alive and o.main_cpu_ns is not None:
             by_rank.setdefault(o.rank, []).append(o)

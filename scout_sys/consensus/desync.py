@@ -168,9 +168,14 @@ def _first_disagreement(group: dict[int, CollectiveSample]
     """The first sequence position every rank of ``group`` has seen where their fingerprints do not
     all agree: (position, the vote there, rank -> seq -> fingerprint); None when all agree."""
     by_seq = {r: {f.seq: f for f in s.recent} for r, s in group.items()}
-    common = set.intersection(*(set(m) for m in by_seq.values())) if by_seq else set()
+    common: set[int] = set(next(iter(by_seq.values()), ()))
+    for m in by_seq.values():
+        common.intersection_update(m)
     for pos in sorted(common):
         keys = {r: by_seq[r][pos].key() for r in group}
+        first = next(iter(keys.values()))
+        if all(k == first for k in keys.values()):
+            continue  # every rank called the same (the vote below would agree, known fields or not)
         # A field the probe could not read on some rank (None: its memory was not readable at that
         # instant, e.g. paged out during a checkpoint write) is compared on no rank at this position:
         # unknown is not different. The op is always read.

@@ -42,6 +42,7 @@ from scout_sys.consensus.cpushare import (
     cause,
     shares,
 )
+from scout_sys.consensus.leaveone import Sorted
 from scout_sys.consensus.peers import work_groups
 from scout_sys.model import (
     ATTRIBUTED,
@@ -107,7 +108,8 @@ def _lags(obs: Sequence[Observation], ranks: Sequence[int], start: float, end: f
           names: Mapping[tuple[int, str], str] | None = None) -> tuple[dict[int, float], float | None]:
     """Median arrival lag per rank over collectives entered in [start, end] by every rank, each
     collective compared within its one process group (``names``: consensus/collgroups.py's keys)."""
-    mine = [o for o in obs if isinstance(o, CollectiveSample) and o.rank in ranks]
+    wanted = set(ranks)
+    mine = [o for o in obs if isinstance(o, CollectiveSample) and o.rank in wanted]
     names = collgroups.keys(obs) if names is None else names
     entries: dict[tuple[str, int], dict[int, float]] = {}
     for o in mine:
@@ -151,7 +153,8 @@ def window_verdict(job: Job, obs: Sequence[Observation], start: float, end: floa
     """The outliers of one window, within each group of ranks that do the same work
     (consensus/peers.py: a pipeline's stages apart). Groups judged by the same measure are merged:
     their values side by side, the median and threshold of the first group with an outlier."""
-    found = [w for w in (_group_verdict(job, g, obs, start, end) for g in work_groups(job)) if w.metric]
+    names = collgroups.keys(obs)
+    found = [w for w in (_group_verdict(job, g, obs, start, end, names) for g in work_groups(job)) if w.metric]
     if not found:
         return WindowVerdict(start, end, "")
     same = [w for w in found if w.metric == found[0].metric]
@@ -167,11 +170,11 @@ def window_verdict(job: Job, obs: Sequence[Observation], start: float, end: floa
 
 
 def _group_verdict(job: Job, group: Sequence[int], obs: Sequence[Observation], start: float,
-                   end: float) -> WindowVerdict:
+                   end: float, names: Mapping[tuple[int, str], str] | None = None) -> WindowVerdict:
     live = [r for r in group if r in job.by_rank()]
     if len(live) < 3:
         return WindowVerdict(start, end, "")  # two ranks cannot outvote each other
-    w = _primary(live, obs, start, end)
+    w = _primary(live, obs, start, end, names)
     cpu = shares(obs, live)
     if not w.suspects and len(cpu) == len(live):
         t = _throttle_verdict(cpu, live, start, end)
@@ -208,26 +211,30 @@ def _writing_alone(obs: Sequence[Observation], live: Sequence[int]) -> set[int]:
 
     first: dict[int, int] = {}
     last: dict[int, int] = {}
-    for o in sorted((o for o in obs if isinstance(o, ProcSample) and o.rank in live and o.write_chars is not None),
+    wanted = set(live)
+    for o in sorted((o for o in obs if isinstance(o, ProcSample) and o.rank in wanted and o.write_chars is not None),
                     key=lambda o: o.time):
         first.setdefault(o.rank, o.write_chars or 0)
         last[o.rank] = o.write_chars or 0
     wrote = {r: last[r] - first[r] for r in last}
+    everyone = Sorted(list(wrote.values()))  # each rank's peers: everyone less itself
     out = set()
     for r, w in wrote.items():
-        theirs = [v for p, v in wrote.items() if p != r]
-        if w >= WRITE_PROGRESS_BYTES and (not theirs or w > 2 * statistics.median(theirs)):
+        if w >= WRITE_PROGRESS_BYTES and (len(everyone) == 1 or w > 2 * everyone.median_without(w)):
             out.add(r)
     return out
 
 
-def _primary(live: Sequence[int], obs: Sequence[Observation], start: float, end: float) -> WindowVerdict:
-    lags, period = _lags(obs, live, start, end)
+def _primary(live: Sequence[int], obs: Sequence[Observation], start: float, end: float,
+             names: Mapping[tuple[int, str], str] | None = None) -> WindowVerdict:
+    """``names``: collgroups.keys(obs), when read (once for every group of a window)."""
+    names = collgroups.keys(obs) if names is None else names
+    lags, period = _lags(obs, live, start, end, names)
     busy = busy_shares(obs, live)
     writers = _writing_alone(obs, live)
     if not lags:
         # no collective entered by every rank (sub-groups: dp x tp): the rank late in each of its groups
-        sub = _groups_verdict(live, obs, start, end, busy)
+        sub = _groups_verdict(live, obs, start, end, busy, names)
         if sub is not None:
             return sub
     if lags:
@@ -276,12 +283,14 @@ def _absorbed(slack: float | None, sus: Sequence[int], busy: Mapping[int, float]
 
 
 def _groups_verdict(live: Sequence[int], obs: Sequence[Observation], start: float, end: float,
-                    busy: Mapping[int, float]) -> WindowVerdict | None:
+                    busy: Mapping[int, float], names: Mapping[tuple[int, str], str] | None = None
+                    ) -> WindowVerdict | None:
     """The lag verdict from process sub-groups (straggler_groups.py), when it names a rank."""
     samples: dict[str, list[CollectiveSample]] = {}  # each group's records, in one pass over the window
-    names = collgroups.keys(obs)
+    names = collgroups.keys(obs) if names is None else names
+    wanted = set(live)
     for o in obs:
-        if isinstance(o, CollectiveSample) and o.rank in live:
+        if isinstance(o, CollectiveSample) and o.rank in wanted:
             samples.setdefault(names[(o.rank, o.group)], []).append(o)
     per: dict[str, tuple[dict[int, float], float | None]] = {}
     for g, mine in sorted(samples.items()):

@@ -5,11 +5,13 @@ says the cause (consensus/cpushare.py). Pure: no I/O, no clocks."""
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from scout_sys.consensus import c3
+from scout_sys.consensus import c3, collgroups
 from scout_sys.consensus.cpushare import BUSY_FLOOR, Cause, busy_shares, cause, shares
+from scout_sys.consensus.leaveone import Others, Sorted
 from scout_sys.consensus.peers import work_groups
 from scout_sys.consensus.straggler import (
     WindowVerdict,
@@ -54,7 +56,7 @@ BACKING_WAITED = 0.3
 
 
 def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any],
-                  waits: Mapping[int, tuple[float, int, str, int, tuple[int, ...]]] | None = None,
+                  waits: Mapping[int, tuple[float, int, str, int, Sequence[int]]] | None = None,
                   seldom: float = SELDOM, waited_min: float = WAITED_MIN) -> dict[int, tuple[float, int, str, int]]:
     """From the window's stack samples: ranks found waiting at most half as often as their peers (the median),
     who — themselves progressing (their stacks move), a strict majority of them — were found waiting in more
@@ -67,18 +69,32 @@ def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any],
     they waited; samples in which the rank itself was found waiting). ``waits``: :func:`stack_waits`, when
     read; ``seldom``: how many times more often than the rank its typical peer must have waited."""
     out: dict[int, tuple[float, int, str, int]] = {}
+    groups: dict[int, tuple[Sorted, int]] = {}  # per group (its ranks' id): its ranks' writes, how many move
     for r, (waited, k, where, own, peers) in (stack_waits(job, obs) if waits is None else waits).items():
         a = acts.get(r)
         if waited <= waited_min * k or own * seldom > waited:
             continue
-        if a is None or a.state not in ("running", "busy") or _writes_alone(a, [acts.get(p) for p in peers]):
+        if a is None or a.state not in ("running", "busy"):
             continue
-        if c3.strict_majority(sum(_moving(acts.get(p)) for p in peers), len(peers)):
+        if isinstance(peers, Others):  # the group's sums once, each rank's peers as the group less the rank
+            key = id(peers.ranks)
+            if key not in groups:
+                there = [x for p in peers.ranks if (x := acts.get(p)) is not None]
+                groups[key] = (Sorted([x.wrote for x in there]), sum(map(_moving, there)))
+            wrote, moving = groups[key]
+            if _writes_more(a, wrote.median_without(a.wrote) if len(wrote) > 1 else None):
+                continue
+            moving -= _moving(a)
+        else:
+            if _writes_alone(a, [acts.get(p) for p in peers]):
+                continue
+            moving = sum(_moving(acts.get(p)) for p in peers)
+        if c3.strict_majority(moving, len(peers)):
             out[r] = (waited, k, where, own)
     return out
 
 
-def stack_waits(job: Job, obs: Sequence[Observation]) -> dict[int, tuple[float, int, str, int, tuple[int, ...]]]:
+def stack_waits(job: Job, obs: Sequence[Observation]) -> dict[int, tuple[float, int, str, int, Sequence[int]]]:
     """Per rank with stack samples enough (3, in a group of 3 such ranks at least): (samples in which its
     peers were found waiting, their median; samples; where the group waits; samples in which the rank itself
     was found waiting; those peers). The same count for every rank of a group: its first ``k`` untorn
@@ -97,19 +113,19 @@ def stack_waits(job: Job, obs: Sequence[Observation]) -> dict[int, tuple[float, 
         for _o, main in untorn(rs):
             w = collective_of(main.frames)
             stacks.setdefault(rank, []).append(("coll", w.op, w.site) if w else ("place", location_of(main.frames)))
-    out: dict[int, tuple[float, int, str, int, tuple[int, ...]]] = {}
+    out: dict[int, tuple[float, int, str, int, Sequence[int]]] = {}
     for group in work_groups(job):
         ranks = [r for r in group if len(stacks.get(r, ())) >= 3]
         if len(ranks) < 3:
             continue
         k = min(len(stacks[r]) for r in ranks)
         wait_key = _wait_place([stacks[r][:k] for r in ranks])
-        waits = {r: [x == wait_key or x[0] == "coll" for x in stacks[r][:k]] for r in ranks}
+        own = {r: sum(x == wait_key or x[0] == "coll" for x in stacks[r][:k]) for r in ranks}
         where = f"in {wait_key[1]} at {wait_key[2]}" if wait_key[0] == "coll" else "at their common sync point"
-        for r in ranks:
-            peers = tuple(p for p in ranks if p != r)
+        counts = Sorted(list(own.values()))
+        for i, r in enumerate(ranks):
             # its peers' waits, never its own: the rank they wait for is no part of "the group waits"
-            out[r] = (statistics.median(sum(waits[p]) for p in peers), k, where, sum(waits[r]), peers)
+            out[r] = (counts.median_without(own[r]), k, where, own[r], Others(ranks, r, i))
     return out
 
 
@@ -123,13 +139,15 @@ def _wait_place(per_rank: Sequence[Sequence[tuple]]) -> tuple:
 
     modes = [max(ps, key=ps.count) for ps in ([place(x) for x in xs] for xs in per_rank)]  # ties: the first
     keys = [x for xs in per_rank for x in xs]
+    # counted once (a group is thousands of ranks); max keeps the first of equals, as over the lists
+    of_modes, of_keys, of_places = Counter(modes), Counter(keys), Counter(map(place, keys))
     # a tie goes to the collectives: ranks inside one wait by definition, a place may be compute
-    best = max(modes, key=lambda x: (modes.count(x), x == ("coll",), sum(place(k) == x for k in keys)))
-    return max((k for k in keys if k[0] == "coll"), key=keys.count) if best == ("coll",) else best
+    best = max(of_modes, key=lambda x: (of_modes[x], x == ("coll",), of_places[x]))
+    return max((k for k in of_keys if k[0] == "coll"), key=of_keys.__getitem__) if best == ("coll",) else best
 
 
 def _backing(named: Mapping[int, Any], seen: Mapping[int, Any], loose: Mapping[int, tuple[float, int, str, int]],
-             read: Mapping[int, tuple[float, int, str, int, tuple[int, ...]]]
+             read: Mapping[int, tuple[float, int, str, int, Sequence[int]]]
              ) -> dict[int, tuple[float, int, str, int]]:
     """The stack samples that back a rank another measure names (:data:`BACKING`, :data:`BACKING_WAITED`):
     found waiting no more often than any of its peers, and seldom enough by the looser ratio and bar."""
@@ -147,10 +165,15 @@ def _moving(a: Any) -> bool:
 def _writes_alone(a: Any, peers: Sequence[Any]) -> bool:
     """The rank wrote enough to be progressing (a checkpoint) and more than twice what its peers wrote:
     write counts include the sockets, and every rank sends its share of the collectives' data."""
+    theirs = [p.wrote for p in peers if p is not None]
+    return _writes_more(a, statistics.median(theirs) if theirs else None)
+
+
+def _writes_more(a: Any, median: float | None) -> bool:
+    """:func:`_writes_alone` given the median of the peers' writes (None: no peer's known)."""
     from scout_sys.consensus.hang import WRITE_PROGRESS_BYTES
 
-    theirs = [p.wrote for p in peers if p is not None]
-    return a.wrote >= WRITE_PROGRESS_BYTES and (not theirs or a.wrote > 2 * statistics.median(theirs))
+    return a.wrote >= WRITE_PROGRESS_BYTES and (median is None or a.wrote > 2 * median)
 
 
 def measures(job: Job, obs: Sequence[Observation], start: float, end: float
@@ -159,6 +182,7 @@ def measures(job: Job, obs: Sequence[Observation], start: float, end: float
     throttle) that name it an outlier among the ranks doing the same work; and each such rank's cause."""
     named: dict[int, list[WindowVerdict]] = {}
     causes: dict[int, Cause] = {}
+    names = collgroups.keys(obs)  # once for every group
     for g in work_groups(job):
         live = [r for r in g if r in job.by_rank()]
         if len(live) < 3:
@@ -167,7 +191,7 @@ def measures(job: Job, obs: Sequence[Observation], start: float, end: float
         found: list[WindowVerdict] = []
         busy = busy_shares(obs, live)
         # the lag over every rank, else over process sub-groups; a busy verdict here is counted below
-        lag = _primary(live, obs, start, end)
+        lag = _primary(live, obs, start, end, names)
         if lag.metric == "lag":
             found.append(lag)
         if len(busy) == len(live):
