@@ -7,6 +7,8 @@
 #               ones beside them at nice 10 (scripts/test.sh); an eBPF or real-job test that skips fails
 #               it (SCOUT_SYS_ALLOW_SKIPS=1 allows skips on purpose)
 #   make bench  run the benchmarks
+#   make soak TEST=tests/test_x.py::test_y N=5   one test N times under a CPU hog, its pass rate
+#               (scripts/soak.sh; takes the real-job lock itself)
 #   make wheel  build dist/scout_sys-VERSION-py3-none-any.whl (pip/pipx install it anywhere)
 #   make install  as root: the wheel into its own venv $(PREFIX) with the product's dependencies only
 #               (extras $(EXTRAS); EXTRAS= for the monitor alone, no torch), linked as $(BINDIR)/scout-sys,
@@ -29,7 +31,7 @@ OLDEST  := .venv-oldest
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 WHEEL   := dist/scout_sys-$(VERSION)-py3-none-any.whl
 
-.PHONY: all setup test-setup system ebpf doctools oldest test demo bench lint clean wheel install
+.PHONY: all setup test-setup system ebpf doctools oldest test demo bench soak lint clean wheel install
 
 all: setup
 
@@ -96,6 +98,11 @@ demo: setup
 
 bench: test-setup
 	$(BIN)/python benchmarks/run.py
+
+N ?= 5
+soak: test-setup
+	@test -n "$(TEST)" || { echo "usage: make soak TEST=tests/test_x.py::test_y [N=5]" >&2; exit 2; }
+	PY=$(BIN)/python bash scripts/soak.sh "$(TEST)" $(N)
 
 lint: $(TSTAMP)
 	$(BIN)/ruff check scout_sys tests benchmarks

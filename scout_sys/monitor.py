@@ -29,6 +29,7 @@ from scout_sys.model import (
     StackSample,
 )
 from scout_sys.probes import Probe
+from scout_sys.probes.jitter import Jitter
 from scout_sys.probes.procfs import ProcfsProbe
 from scout_sys.probes.pystack import StackDumper, check_access
 
@@ -43,10 +44,12 @@ class Interrupted(Exception):
 
 class Monitor:
     def __init__(self, job: Job, *, extra_probes: Sequence[Probe] = (), clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, jitter: Jitter | None = None) -> None:
+        """``jitter``: where each stack sample of a window falls in its slot (a seeded one in tests)."""
         self.job = job
         self.clock = clock
         self.sleep = sleep
+        self.jitter = jitter or Jitter()
         self.procfs = ProcfsProbe()
         self.stacks = StackDumper()
         self.extra: list[Probe] = list(extra_probes)
@@ -185,15 +188,18 @@ class Monitor:
 
     def collect(self, window: float, *, proc_interval: float = 0.25, stack_interval: float | None = None
                 ) -> list[Observation]:
-        """Sample every probe over ``window`` seconds; stacks at the start, every
-        ``stack_interval`` (default: :func:`stack_interval_for` the window) and at the end; /proc every
-        ``proc_interval``."""
+        """Sample every probe over ``window`` seconds; stacks once in every ``stack_interval`` (default:
+        :func:`stack_interval_for` the window), at a random point of it (:class:`Jitter`: never phase-locked
+        with the job's steps), and at the end; /proc every ``proc_interval``."""
         if stack_interval is None:
             stack_interval = stack_interval_for(window)
         obs: list[Observation] = []
         t0 = self.clock()
         deadline = t0 + window
-        next_proc = next_stack = t0  # on a schedule from t0: a dump's own time does not thin the samples
+        # on a schedule from t0: a dump's own time does not thin the samples. Stacks: the k-th falls at a
+        # random point of its slot [t0 + k x interval, t0 + (k + 1) x interval)
+        next_proc = slot = t0
+        next_stack = slot + self.jitter.offset(stack_interval)
         while True:
             if self._interrupted.is_set():
                 raise Interrupted("the window was interrupted")
@@ -211,7 +217,8 @@ class Monitor:
                 next_stack = deadline
             elif now >= next_stack or last:
                 obs += self.stacks.dump()
-                next_stack = _next(next_stack, stack_interval, self.clock())
+                slot = _next_slot(slot, stack_interval, self.clock())
+                next_stack = slot + self.jitter.offset(stack_interval)
             if last:
                 obs += self.sample_extra()
                 return obs
@@ -279,6 +286,13 @@ STACK_INTERVAL = (0.25, 0.5)  # seconds: the densest (py-spy's cost: ~30 ms of C
 def _next(due: float, interval: float, now: float) -> float:
     """The next time on the schedule; after an overrun, now (one late sample, never a burst)."""
     return max(due + interval, now)
+
+
+def _next_slot(slot: float, interval: float, now: float) -> float:
+    """The next stack slot; after a dump that ran past it whole, the one beginning now (one late sample,
+    never a burst). A dump that ran into it only leaves its sample due at once or later in it."""
+    nxt = slot + interval
+    return nxt if now < nxt + interval else now
 
 
 def stack_interval_for(window: float) -> float:

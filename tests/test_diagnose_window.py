@@ -51,11 +51,13 @@ def test_a_job_stepping_slower_than_the_window_is_an_inconclusive_hang_not_healt
 def test_a_window_takes_a_dozen_stack_samples_on_a_schedule():
     from scout_sys.model import Job, Rank
     from scout_sys.monitor import Monitor, stack_interval_for
+    from scout_sys.probes.jitter import Jitter
 
     assert stack_interval_for(3.0) == 0.25 and stack_interval_for(6.0) == 0.5 and stack_interval_for(30) == 0.5
     now = [100.0]
     m = Monitor(Job(ranks=(Rank(rank=0, pid=1, host="h"),), world_size=1, launcher="torchrun", launcher_pid=1,
-                    host="h"), clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+                    host="h"), clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s),
+                jitter=Jitter(seed=0))
     dumps, procs = [], []
 
     def dump(*_a, **_k):
@@ -67,5 +69,7 @@ def test_a_window_takes_a_dozen_stack_samples_on_a_schedule():
     m.procfs.sample = lambda t: procs.append(t) or []  # type: ignore[method-assign]
     m._started = [m.procfs, m.stacks]
     m.collect(3.0)
-    assert len(dumps) == 13, dumps  # at 0, 0.25, ..., 2.75 and the end
+    assert len(dumps) == 13, dumps  # one in each 0.25 s slot of the window, at a random point of it, and the end
+    assert [int((t - 100.0) // 0.25) for t in dumps[:-1]] == list(range(12)), dumps
+    assert len({round((t - 100.0) % 0.25, 3) for t in dumps[:-1]}) > 6, dumps  # not on a grid
     assert len(procs) >= 12

@@ -91,6 +91,30 @@ def test_rank_behind_while_majority_waits() -> None:
     assert (inc.kind, inc.ranks) == (DESYNC, (2,)) and "behind" in inc.summary and inc.since == 50.0
 
 
+def test_a_split_majority_at_n_waits_for_the_late_rank_instead_of_calling_it_behind() -> None:
+    """Seen on a loaded machine: rank 2 called #8 with another size, rank 1 reached #8 a second after
+    the others. The ranks at #8 disagree on it (two against one, of four): rank 1 is not behind, and
+    once its #8 is seen the differing size is named (rule 1)."""
+    inside = [sample(r, [ar(s) for s in range(1, 9)], inside=True, enter=50.0) for r in (0, 3)]
+    odd = sample(2, [*(ar(s) for s in range(1, 8)), ar(8, count=4153)], inside=True, enter=50.0)
+    late = sample(1, [ar(s) for s in range(1, 8)])
+    assert desync.analyze(job(4), [*inside, odd, late]) == []
+    arrived = sample(1, [ar(s) for s in range(1, 9)], inside=True, t=101.0)
+    (inc,) = desync.analyze(job(4), [*inside, odd, late, arrived])
+    assert (inc.status, inc.ranks) == (ATTRIBUTED, (2,)) and "4153 x float32" in inc.summary, inc.summary
+    assert "behind" not in inc.summary
+
+
+def test_a_differing_call_at_n_that_a_late_rank_cannot_outvote_is_named_at_once() -> None:
+    """Five ranks: three agree on #8, rank 2 differs, rank 4 is not there yet. Three of five agree
+    whatever rank 4 calls, so rank 2's call is named, not rank 4 as behind."""
+    obs = [sample(r, [ar(s) for s in range(1, 9)], inside=True, enter=50.0) for r in (0, 1, 3)]
+    obs.append(sample(2, [*(ar(s) for s in range(1, 8)), ar(8, op="broadcast")], inside=True, enter=50.0))
+    obs.append(sample(4, [ar(s) for s in range(1, 8)]))
+    (inc,) = desync.analyze(job(5), obs)
+    assert (inc.status, inc.ranks) == (ATTRIBUTED, (2,)) and "#8 broadcast" in inc.summary, inc.summary
+
+
 def _two_groups(swapped: tuple[int, ...], odd: int | None = None) -> list[CollectiveSample]:
     """Each rank calls a tp group (64 elements) and a dp group (4160); a probe attached mid-step saw
     the ranks in ``swapped`` first in their dp group, so they number it gloo:0. ``odd`` broadcast

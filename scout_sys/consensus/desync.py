@@ -9,7 +9,11 @@ process group (``gloo:0``, ``nccl:1``, ...), using each rank's latest sample:
    minority: it called another collective, or the same one with another size / dtype / op.
 2. **Behind or ahead while the majority waits.** When a strict majority sits inside collective
    ``#n`` for at least ``min_wait`` seconds, C3 votes on the sequence positions: ranks at another
-   position are behind (they have not reached ``#n``) or ahead.
+   position are behind (they have not reached ``#n``) or ahead. Only when the ranks at ``#n`` agree
+   on its fingerprint: a split there is rule 1's to decide once the late ranks' calls are seen (a
+   rank that reaches ``#n`` a second late is not behind while the others already disagree), unless
+   enough of the peer group agree at ``#n`` that the late ranks cannot change it (then rule 1 names
+   the differing ones now).
 
 3. **Across equivalent groups.** Where a peer group cannot tell (one call against another: a tie
    within a pair), the same position of the same process group is compared over the ranks of every
@@ -172,21 +176,27 @@ def _first_disagreement(group: dict[int, CollectiveSample]
     for m in by_seq.values():
         common.intersection_update(m)
     for pos in sorted(common):
-        keys = {r: by_seq[r][pos].key() for r in group}
-        first = next(iter(keys.values()))
-        if all(k == first for k in keys.values()):
-            continue  # every rank called the same (the vote below would agree, known fields or not)
-        # A field the probe could not read on some rank (None: its memory was not readable at that
-        # instant, e.g. paged out during a checkpoint write) is compared on no rank at this position:
-        # unknown is not different. The op is always read.
-        width = len(next(iter(keys.values())))
-        known = [i for i in range(width) if all(k[i] is not None for k in keys.values())]
-        if len(known) < width:
-            keys = {r: tuple(k[i] for i in known) for r, k in keys.items()}
-        v = c3.vote(keys)
+        fps = {r: by_seq[r][pos] for r in group}
+        keys = [f.key() for f in fps.values()]
+        if all(k == keys[0] for k in keys):
+            continue  # every rank called the same (the vote would agree, known fields or not)
+        v = _vote_at(pos, fps)
         if v.status != c3.AGREE:
             return pos, v, by_seq
     return None
+
+
+def _vote_at(pos: int, fps: dict[int, Fingerprint]) -> c3.Vote:
+    """The vote on the fingerprints ``fps`` (rank -> its call at ``pos``). A field the probe could not
+    read on some rank (None: its memory was not readable at that instant, e.g. paged out during a
+    checkpoint write) is compared on no rank at this position: unknown is not different. The op is
+    always read."""
+    keys = {r: f.key() for r, f in fps.items()}
+    width = len(next(iter(keys.values())))
+    known = [i for i in range(width) if all(k[i] is not None for k in keys.values())]
+    if len(known) < width:
+        keys = {r: tuple(k[i] for i in known) for r, k in keys.items()}
+    return c3.vote(keys)
 
 
 def _minority_call(job: Job, pg: str, group: dict[int, CollectiveSample], pos: int, v: c3.Vote,
@@ -281,9 +291,21 @@ def _analyze(job: Job, pg: str, group: dict[int, CollectiveSample], min_wait: fl
                and group[r].time - group[r].last_enter >= (min_wait if group[r].inside else max(min_wait, QUIET_ASYNC))]
     if not c3.strict_majority(len(waiting), len(group)):
         return []
-    seq = v.signature
-    behind = tuple(r for r in v.minority if group[r].seq < seq)  # type: ignore[operator]
-    ahead = tuple(r for r in v.minority if group[r].seq > seq)  # type: ignore[operator]
+    seq: int = v.signature  # type: ignore[assignment]
+    # The ranks at #n must agree on what #n is before anyone is "behind" it: a rank that reaches #n a
+    # second late (a loaded machine) is not behind while the ones there already called different things.
+    at_n = {r: f for r in group if (f := _call_at(group[r], seq)) is not None}
+    if all(r in at_n for r in v.majority):
+        there = _vote_at(seq, at_n)
+        if there.status != c3.AGREE:
+            if there.status == c3.ATTRIBUTED and c3.strict_majority(len(there.majority), max(len(group), peers)):
+                # enough of the whole peer group agree on #n that the ranks not there yet cannot
+                # change it: the ones at #n that differ are named (rule 1), whoever is late
+                by_seq = {r: {f.seq: f for f in group[r].recent} for r in there.majority + there.minority}
+                return [_minority_call(job, pg, group, seq, there, by_seq, "called")]
+            return []  # split at #n: rule 1 decides once the late ranks' calls are seen
+    behind = tuple(r for r in v.minority if group[r].seq < seq)
+    ahead = tuple(r for r in v.minority if group[r].seq > seq)
     since = min(group[r].last_enter or group[r].time for r in waiting)
     maj_fp = group[v.majority[0]].last
     ev = [_fp_evidence(r, group[r], group[r].last,
@@ -302,6 +324,10 @@ def _analyze(job: Job, pg: str, group: dict[int, CollectiveSample], min_wait: fl
         summary=(f"{' and '.join(parts)} in the {label_of(pg, group.values())} collective sequence while "
                  f"{len(waiting)} ranks wait in #{seq}"),
         evidence=tuple(ev))]
+
+
+def _call_at(s: CollectiveSample, seq: int) -> Fingerprint | None:
+    return next((f for f in reversed(s.recent) if f.seq == seq), None)
 
 
 def last_progress(obs: Sequence[Observation]) -> dict[int, float]:

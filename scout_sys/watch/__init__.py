@@ -43,6 +43,7 @@ from scout_sys.model import (
     StackSample,
 )
 from scout_sys.monitor import Monitor, default_probes
+from scout_sys.probes.jitter import Jitter
 from scout_sys.replay.live import ReplayPart
 from scout_sys.watch import bundle
 from scout_sys.watch.config import WatchConfig
@@ -72,13 +73,15 @@ class Watcher(Sessioned, EngineParts):
     can_replay = True  # the dashboard's `r` (replay_now says when it cannot start a round)
 
     def __init__(self, selector: str, config: WatchConfig | None = None, *, clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        """``config``: how to follow the job, one value (watch/config.py; None: its defaults)."""
+                 sleep: Callable[[float], None] = time.sleep, jitter: Jitter | None = None) -> None:
+        """``config``: how to follow the job, one value (watch/config.py; None: its defaults). ``jitter``:
+        each poll's wait, drawn around ``config.interval`` (probes/jitter.py; a seeded one in tests)."""
         self.config = config = config or WatchConfig()
         self.selector = selector
         self.session = Session(config.state_dir)  # sinks, snapshot, bundles: as for watch --cluster
         self.clock = clock
         self.sleep = sleep
+        self.jitter = jitter or Jitter()
         self.finder = RankFinder(selector, lambda sel: find_job(sel, config.topology), wait_ranks=config.wait_ranks)
         # probes that must be attached before the ranks start (NCCL communicator creation)
         self.early = EarlyProbes(early_probes() if config.ebpf else [], lambda: selector_pids(selector))
@@ -126,7 +129,7 @@ class Watcher(Sessioned, EngineParts):
         self._collectives = {}
         self.stragglers.every.reset(now)
         self.monitor = Monitor(job, extra_probes=[*self.early.leases(), *default_probes(self.config.ebpf)], clock=self.clock,
-                               sleep=self.sleep)
+                               sleep=self.sleep, jitter=self.jitter)
         self.monitor.start()
         if self.replay is not None:
             self.replay.close()
@@ -174,7 +177,8 @@ class Watcher(Sessioned, EngineParts):
                 told = True
                 if on_job is not None:
                     on_job(self.job)
-            stop.wait(self.hang.poll_wait(self.clock(), t0, self.interval))
+            # each wait drawn around the interval: the polls' stack samples never phase-lock with the steps
+            stop.wait(self.hang.poll_wait(self.clock(), t0, self.jitter.interval(self.interval)))
         return 1 if self.ever_opened else 0
 
     def diagnose_now(self, window: float = 3.0) -> Diagnosis:
