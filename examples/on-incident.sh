@@ -13,8 +13,10 @@
 #        --on-incident '/usr/local/bin/on-incident.sh --webhook https://hooks.example/T0/B0/x --drain'
 #
 # (--on-incident-all: a watch's straggler is confirmed by replay in an incident_updated event.)
-# Hooks run as nobody unless --on-incident-user says otherwise: with --sudo-as slurm the drain runs as
-# `sudo -n -u slurm scontrol update ...`, which the sudoers rule in docs/metrics.md allows.
+# Hooks run as nobody unless --on-incident-user says otherwise. To drain without root, run the hook as an
+# account of its own (--on-incident-user scout-hook) with --sudo-as slurm: the drain runs as
+# `sudo -n -u slurm scontrol update nodename=N state=drain reason=scout-sys/ID/KIND/ranks/R`, exactly what
+# the sudoers rule in docs/metrics.md allows that account (never grant it to nobody, which daemons share).
 #
 # The event JSON (as `watch --headless --json` prints it) is on stdin; SCOUT_SYS_EVENT, _INCIDENT,
 # _KIND, _STATUS, _RANKS, _HOSTS and _BUNDLE are in the environment (docs/metrics.md).
@@ -89,7 +91,10 @@ in_node() {
 }
 case "$event" in incident_opened|incident_updated) opened=1 ;; *) opened=0 ;; esac
 if [ "$drain" = 1 ] && [ "$opened" = 1 ] && [ "$status" = attributed ] && [ -n "$hosts" ] && in_node; then
+    # one word, of the characters the sudoers rule of docs/metrics.md allows (scontrol shows it as is)
+    reason="scout-sys/${id}/${kind}/ranks/${ranks//,/+}"
+    reason="${reason//[^A-Za-z0-9_.\/+-]/_}"
     for node in ${hosts//,/ }; do
-        run ${sudo_as:+sudo -n -u "$sudo_as"} scontrol update "nodename=${node%%.*}" state=drain "reason=scout-sys ${id}: ${kind} rank(s) ${ranks}"
+        run ${sudo_as:+sudo -n -u "$sudo_as"} scontrol update "nodename=${node%%.*}" state=drain "reason=$reason"
     done
 fi

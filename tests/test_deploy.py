@@ -123,7 +123,7 @@ def test_containerfile_lints_clean_and_uses_the_distro_bcc():
     out = subprocess.run([_hadolint(), str(DEPLOY / "Containerfile")], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     text = (DEPLOY / "Containerfile").read_text()
-    assert re.search(r"^FROM (debian|ubuntu):", text, re.M)
+    assert re.search(r"^ARG BASE=(debian|ubuntu):[0-9.]+-slim$", text, re.M) and "AS builder" in text  # pinned, two stages
     assert "python3-bpfcc" in text and "bpfcc-tools" in text and "pip install bcc" not in text.replace("`pip install bcc`", "")
     for flag in ("--pid=host", "--privileged", "/sys/kernel/debug", "/lib/modules", "/usr/src"):
         assert flag in text, flag

@@ -77,8 +77,11 @@ def test_the_sudoers_rule_is_valid_and_allows_exactly_the_hooks_drain(tmp_path: 
     assert out.returncode == 0, out.stdout + out.stderr
     argv = _drain_argv("--sudo-as", "slurm")
     assert argv[:5] == ["sudo", "-n", "-u", "slurm", "scontrol"], argv
+    account = rule.split()[0]
+    assert account not in ("nobody", "ALL", "root") and "*" not in rule, rule  # a dedicated account, no wildcards
+    assert f"--on-incident-user {account}" in _text(ROOT / "docs" / "metrics.md")
     if os.geteuid() != 0:
-        pytest.skip("asking sudo whether nobody may run it needs root")
+        pytest.skip("asking sudo whether the hook's account may run it needs root")
     # Does sudo allow the hook's exact command under that rule? Ask sudo itself, with the rule installed
     # for a moment under a name of its own; the command path and runas user are this machine's stand-ins
     # (no Slurm here): a stub in a root-only folder under /run, and the user daemon.
@@ -89,7 +92,9 @@ def test_the_sudoers_rule_is_valid_and_allows_exactly_the_hooks_drain(tmp_path: 
         stub.write_text("#!/bin/sh\nexit 0\n")
         stub.chmod(0o755)
         os.chmod(stub_dir, 0o755)
-        drop.write_text(rule.replace("/usr/bin/scontrol", str(stub)).replace("(slurm)", "(daemon)") + "\n")
+        # the dedicated account stands in as nobody (no such account here: creating one changes the host)
+        drop.write_text(rule.replace("/usr/bin/scontrol", str(stub)).replace("(slurm)", "(daemon)")
+                        .replace(account, "nobody", 1) + "\n")
         drop.chmod(0o440)
 
         def allowed(args: list[str]) -> bool:
@@ -100,6 +105,11 @@ def test_the_sudoers_rule_is_valid_and_allows_exactly_the_hooks_drain(tmp_path: 
         assert allowed(argv[5:]), argv
         assert not allowed(["update", "nodename=node7", "state=down", "reason=x"])  # only drain
         assert not allowed(["delete", "nodename=node7"])
+        # nothing slipped in across words: another state, a second node, an option after the reason
+        assert not allowed(["update", "nodename=node7", "state=down", "state=drain", "reason=scout-sys/x"])
+        assert not allowed(["update", "nodename=node7", "nodename=node8", "state=drain", "reason=scout-sys/x"])
+        assert not allowed(["update", "nodename=node7", "state=drain", "reason=scout-sys/x", "state=down"])
+        assert not allowed(["update", "nodename=node7", "state=drain", "reason=scout-sys/x y"])
     finally:
         drop.unlink(missing_ok=True)
         shutil.rmtree(stub_dir, ignore_errors=True)
@@ -240,3 +250,18 @@ def test_the_hook_drains_only_for_causes_in_the_node() -> None:
     assert hook(event("hang"), "--webhook", "https://hooks.example/x").startswith("would run: curl ")
 
 
+
+
+def test_every_documented_drain_hook_sees_the_updates_that_confirm_a_slow_device() -> None:
+    """A watch's straggler is confirmed a slow device in an incident_updated event: a hook with --drain
+    that sees only incident_opened would never drain for it, although the runbook says it does."""
+    from tests._docs import EXAMPLES, PAGES
+
+    found = 0
+    for p in [*PAGES, *EXAMPLES]:
+        text = re.sub(r"\\\n\s*", " ", _text(p))
+        for line in text.splitlines():
+            if re.search(r"scout-sys watch .*--on-incident '[^']*on-incident\.sh[^']*--drain", line):
+                assert "--on-incident-all" in line, (p.name, line)
+                found += 1
+    assert found >= 2, found  # metrics.md and the hook's own header
