@@ -392,7 +392,7 @@ def test_on_incident_example_dry_run_says_what_it_would_do() -> None:
                          input=json.dumps(hw.to_json()) + "\n", capture_output=True, text=True, timeout=30,
                          env={"PATH": os.environ["PATH"]})
     assert out.stdout.splitlines() == ["would run: scontrol update nodename=node7 state=drain "
-                                       "reason=scout-sys\\ inc-1:\\ hardware\\ rank\\(s\\)\\ 2"], out.stderr
+                                       "reason=scout-sys/inc-1/hardware/ranks/2"], out.stderr
 
 
 def test_on_incident_example_posts_to_a_webhook() -> None:
