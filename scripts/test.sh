@@ -36,7 +36,6 @@ oldest() {  # part 4 (in its own subshell: exec)
     exit 1
   fi
   exec nice -n 10 "$OLDEST_PY" -m pytest -p no:cacheprovider -m "not serial and not slow and not ebpf and not torch" \
-    --ignore=tests/test_certify.py --ignore=tests/test_certify_writers.py \
     --ignore=tests/test_deploy.py --ignore-glob='tests/test_docs_*.py' --durations=5 "$@"
 }
 # parts 3 then 4, beside part 2; the exit status is part 3's, part 4's is written to its log's .rc

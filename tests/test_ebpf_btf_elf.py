@@ -112,6 +112,7 @@ def test_libc_symbols_match_nm():
     assert {k for k in nm if k.startswith("mem") and k[3:].isalpha() and k[3:].islower()} == set(syms)
 
 
+@pytest.mark.torch  # the NCCL wheel comes with the test requirements of the dev venv, never .venv-oldest
 @pytest.mark.skipif(libnccl() is None, reason="nvidia-nccl-cu12 wheel not installed (pip install -r requirements-test.txt)")
 def test_nccls_entry_points_and_their_profiling_twins():
     # linkers merge string tails: "ncclAllReduce" is the tail of "pncclAllReduce" in the string table,

@@ -80,6 +80,7 @@ def _deepspeed_coalesced_gather() -> tuple[Frame, ...]:
     )
 
 
+@pytest.mark.torch  # reads the installed framework's source: the dev venv, never .venv-oldest
 def test_deepspeeds_own_wait_in_its_coalesced_all_gather_is_a_collective_wait(monkeypatch):
     stack = _deepspeed_coalesced_gather()
     w = patterns.collective_of(stack)
@@ -96,6 +97,7 @@ def test_deepspeeds_own_wait_in_its_coalesced_all_gather_is_a_collective_wait(mo
     assert patterns.collective_of(stack) is None
 
 
+@pytest.mark.torch  # reads the installed framework's source: the dev venv, never .venv-oldest
 def test_deepspeeds_pipeline_wait_is_a_point_to_point_wait(monkeypatch):
     p2p = _source("deepspeed", "runtime/pipe/p2p.py")
     engine = _source("deepspeed", "runtime/pipe/engine.py")
@@ -130,6 +132,7 @@ def _titan_set_pg_timeouts_on_a_gpu() -> tuple[Frame, ...]:
     )
 
 
+@pytest.mark.torch  # reads the installed framework's source: the dev venv, never .venv-oldest
 def test_torchtitans_own_reductions_on_a_gpu_are_collective_waits(monkeypatch):
     w = patterns.collective_of(_titan_dist_sum_on_a_gpu())
     # a wrapper row: the op is the TorchTitan function's; the site is the first frame outside the libraries

@@ -12,6 +12,8 @@ import torch
 
 from scout_sys.replay import checkpoint
 
+pytestmark = pytest.mark.torch  # the replay extra
+
 
 class _Payload:
     """A pickle that runs code when loaded (what weights_only must refuse before it runs)."""

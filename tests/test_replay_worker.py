@@ -10,9 +10,12 @@ import struct
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from scout_sys.replay import worker
+
+pytestmark = pytest.mark.torch  # the replay extra
 
 SMALL = {"device": "cpu", "size": "small", "seed": 7, "reps": 2}
 
