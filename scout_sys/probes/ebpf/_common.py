@@ -281,9 +281,20 @@ class BccProbe:
             atexit.unregister(bpf.cleanup)
 
     def close(self) -> None:
-        bpf, self._bpf = self._bpf, None
+        bpf, self._bpf = self._bpf, None  # taken once: a second close (another thread) finds None
         if bpf is not None:
-            try:
-                bpf.cleanup()
-            except Exception:  # noqa: S110 - best effort; the kernel drops our fds when we exit
-                pass
+            detach_all(bpf)
+
+
+def detach_all(bpf: Any) -> None:
+    """Detach what ``bpf`` still holds, once. bcc registered the same cleanup at exit: it is
+    unregistered here whatever happened, or a cleanup that failed part way would run again at exit
+    on fds already closed (and their numbers maybe reused) and print a traceback to the user."""
+    import atexit
+
+    try:
+        bpf.cleanup()
+    except Exception:  # noqa: BLE001, S110 - best effort; the kernel drops our fds when we exit
+        pass
+    finally:
+        atexit.unregister(bpf.cleanup)

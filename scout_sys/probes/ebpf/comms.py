@@ -47,6 +47,7 @@ from scout_sys.probes.ebpf._common import (
     Clock,
     attach_mode_reason,
     common_reason,
+    detach_all,
     host_pid,
     load_bcc,
     mapped_libs,
@@ -298,13 +299,13 @@ class CommProbe(BccProbe):
         """Detach. The kernel unregisters each uprobe after an RCU grace period (~0.1 s each, 2 s for
         the 18 here one after another): their perf-event fds are closed in parallel, then bcc's
         cleanup does the rest."""
-        bpf = self._bpf
+        bpf, self._bpf = self._bpf, None  # taken once: a second close (another thread) finds None
         if bpf is not None:
             try:
                 _close_uprobes_in_parallel(bpf)
             except Exception:  # noqa: BLE001, S110 - bcc's own cleanup below detaches what is left
                 pass
-        super().close()
+            detach_all(bpf)
         self.unbind()
 
 
@@ -318,8 +319,9 @@ def _close_uprobes_in_parallel(bpf: Any) -> None:
     if not events:
         return
     with ThreadPoolExecutor(max_workers=len(events)) as pool:  # ctypes calls release the GIL
-        results = list(pool.map(lambda ev: lib.bpf_close_perf_event_fd(ev[1]), events))
-    for (name, _fd), res in zip(events, results):
-        if res >= 0:
-            lib.bpf_detach_uprobe(name)
-            bpf._del_uprobe_fd(name)
+        list(pool.map(lambda ev: lib.bpf_close_perf_event_fd(ev[1]), events))
+    for name, _fd in events:
+        # bpf_close_perf_event_fd closes the fd even when it reports an error (its DISABLE ioctl
+        # failed): forgotten either way, so nothing closes that fd number again
+        lib.bpf_detach_uprobe(name)
+        bpf._del_uprobe_fd(name)
