@@ -9,7 +9,7 @@ coordinates). The hang rules vote within each peer group first (``hang._analyze_
    majority of witnesses names the ranks stuck outside every collective (idle, busy, stopped,
    exited) — "every stage waits on one stage".
 2. **An origin stuck outside every collective** (hang / stall / exit): the ranks of other groups
-   that wait — all of them in one collective (a common mode), or a minority in another collective
+   (or, in the one group guessed when the layout is unknown, any ranks) that wait — all of them in one collective (a common mode), or a minority in another collective
    than their group (a pipeline neighbour in send/recv, a tensor-parallel partner in its all-reduce)
    — wait *for* it: they are witnesses, named in its evidence, not origins.
 3. **A desync origin** (a rank in another collective than its peers): other groups' common-mode
@@ -40,6 +40,7 @@ from scout_sys.model import (
     Incident,
     Job,
 )
+from scout_sys.text import ranks_text
 
 ACTIVITY_SOURCE = "activity (layout unknown: no --topology and no Megatron-Core / DeepSpeed / TorchTitan " \
                   "layout on the command line)"
@@ -87,8 +88,13 @@ def across(job: Job, groups: Sequence[Sequence[int]], found: Sequence[tuple[Sequ
     if guessed and len(groups) > 1:
         incidents, nts = _not_waiting_for_progress(found, acts, incidents)
         notes += nts
-    if len(groups) > 1:
-        if not any(i.status == ATTRIBUTED for i in incidents):
+    # One group guessed from activity (no layout) may mix every parallel dimension: a stuck origin's
+    # tensor-parallel partners wait in their all-reduce while the rest wait in the data-parallel one,
+    # so the partners look desynchronized against the job-wide majority. Rule 2 below holds there too.
+    stuck_in_one = guessed and len(groups) == 1 and any(
+        i.status == ATTRIBUTED and i.kind in STUCK_KINDS for i in incidents)
+    if len(groups) > 1 or stuck_in_one:
+        if len(groups) > 1 and not any(i.status == ATTRIBUTED for i in incidents):
             # 1. job-wide vote: waiting ranks of every group are witnesses alike.
             norm = {r: (_witness(a) if a.state == "waiting" else a) for r, a in acts.items()}
             job_inc, _ = analyze_group(job, norm, window)
@@ -154,7 +160,9 @@ def _add(i: Incident, e: Evidence) -> Incident:
 
 
 def _witness_evidence(coords: Mapping[int, tuple[tuple[str, int], ...]], i: Incident, origin: Incident) -> Evidence:
-    who = ", ".join(f"rank {r}" + (f" ({_ctext(coords[r])})" if r in coords else "") for r in i.ranks)
+    who = (", ".join(f"rank {r}" + (f" ({_ctext(coords[r])})" if r in coords else "") for r in i.ranks)
+           if any(r in coords for r in i.ranks)
+           else ranks_text(i.ranks) if i.ranks else "")
     head = f"{who}: " if who else ""
     return Evidence("stack", f"{head}{i.summary} — a witness of rank{'s' if len(origin.ranks) > 1 else ''} "
                     f"{', '.join(map(str, origin.ranks))} in another peer group, not an origin",

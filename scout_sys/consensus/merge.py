@@ -51,7 +51,37 @@ def merge_findings(*lists: Sequence[Incident]) -> list[Incident]:
                 out[key] = replace(prev, evidence=prev.evidence + inc.evidence, since=min(prev.since, inc.since))
             else:
                 out[key] = inc
-    return _tie_explained(list(out.values()))
+    return _tie_explained(_narrowed_by_fingerprints(list(out.values())))
+
+
+def _narrowed_by_fingerprints(incidents: list[Incident]) -> list[Incident]:
+    """A desync of the stacks (ranks waiting in another collective than the majority) that holds the
+    ranks whose *fingerprint* differs at one position and others: those others are the origin's
+    partners, waiting in their group's right call for it (a tensor-parallel group waits in its
+    all-reduce while one of them called an all-gather). The fingerprints' narrower desync stands;
+    the partners are its witnesses, never named beside it."""
+    from scout_sys.consensus.desync import fingerprint_differs
+
+    exact = [k for k, i in enumerate(incidents) if i.status == ATTRIBUTED and fingerprint_differs(i)]
+    if not exact:
+        return incidents
+    extra: dict[int, tuple[Evidence, ...]] = {}
+    dropped: set[int] = set()
+    for k, i in enumerate(incidents):
+        if i.kind != DESYNC or i.status != ATTRIBUTED or k in exact:
+            continue
+        by = next((e for e in exact if set(incidents[e].ranks) < set(i.ranks)), None)
+        if by is None:
+            continue
+        origin = incidents[by].ranks
+        rest = sorted(set(i.ranks) - set(origin))
+        dropped.add(k)
+        extra[by] = extra.get(by, ()) + i.evidence + (Evidence(
+            "stack", f"{ranks_text(rest)} also wait apart from the majority, in the call of their group "
+            f"that {ranks_text(origin)} did not make: witnesses, not origins",
+            data={"witness_of": list(origin), "ranks": rest, "was": i.kind}),)
+    return [replace(i, evidence=i.evidence + extra[k]) if k in extra else i
+            for k, i in enumerate(incidents) if k not in dropped]
 
 
 def _tie_explained(incidents: list[Incident]) -> list[Incident]:
