@@ -171,6 +171,24 @@ def test_nonfinite_values_are_named(tmp_path):
     assert all(x["file"] == str(tmp_path / "model.pt") for x in c["nonfinite"])
 
 
+def test_with_nothing_certified_the_newest_clean_checkpoint_is_the_fallback_never_skipped(tmp_path):
+    """A job no watch followed: no ledger, so its clean checkpoint is unverified; an older one of it is
+    truncated. Next says to cover the clean one while the job runs, else to restart from it unless an
+    older one certifies — never "go back" past it, as it once did whenever any given was rejected."""
+    torch.save(state(), tmp_path / "step_1.pt")
+    data = (tmp_path / "step_1.pt").read_bytes()
+    (tmp_path / "step_1.pt").write_bytes(data[: len(data) // 2])
+    time.sleep(0.05)
+    torch.save(state(), tmp_path / "step_2.pt")
+    rc, cert = certify(tmp_path / "step_2.pt", tmp_path / "step_1.pt", state_dir=tmp_path / "state")
+    assert (rc, [c["status"] for c in cert["checkpoints"]]) == (1, ["unverified", "rejected"])
+    assert cert["recommended"] is None
+    assert cert["next"] == (
+        f"while the job runs: sudo scout-sys certify --job PID {tmp_path / 'step_2.pt'} {tmp_path / 'step_1.pt'} "
+        "(or run a round: sudo scout-sys replay --job PID); if the job is gone: certify older checkpoints too "
+        f"and restart from the newest certified, else from {tmp_path / 'step_2.pt'} (clean, not replay-checked)")
+
+
 def test_truncated_files_are_rejected(tmp_path):
     torch.save(state(), tmp_path / "a.pt")
     from safetensors.torch import save_file

@@ -225,30 +225,35 @@ def certify(paths: Sequence[str], *, state_dir: str, job: dict[str, Any] | None 
     items = [i for _, i in out]
     certified = [(t, i) for t, i in out if i["status"] == CERTIFIED]
     recommended = max(certified, key=lambda ti: ti[0])[1]["path"] if certified else None
-    why, nxt = _advice(items, recommended)
+    why, nxt = _advice(out, recommended)
     return {"schema": SCHEMA, "time": round(clock(), 3), "checkpoints": items, "recommended": recommended,
             "why": why, "next": nxt}
 
 
-def _advice(items: Sequence[dict[str, Any]], recommended: str | None) -> tuple[str, str]:
-    """(why ``recommended`` is what it is, what a person does next)."""
+def _advice(dated: Sequence[tuple[float, dict[str, Any]]], recommended: str | None) -> tuple[str, str]:
+    """(why ``recommended`` is what it is, what a person does next). With nothing certified, the
+    newest *clean* checkpoint (unverified: only no replay round covered it) is never skipped for an
+    older one: cover it while the job runs, else restart from it unless an older one certifies."""
+    items = [i for _, i in dated]
     if recommended is not None:
         newer = [i for i in items if i["status"] != CERTIFIED]
         why = "the newest certified checkpoint given" + (
             f" ({len(newer)} other(s) not certified: see their reasons)" if newer else "")
         return why, f"restart from {recommended}"
     rejected = [i for i in items if i["status"] == REJECTED]
-    unverified = [i for i in items if i["status"] == UNVERIFIED]
-    if unverified and not rejected:
+    unverified = [i for t, i in sorted(dated, key=lambda ti: ti[0]) if i["status"] == UNVERIFIED]
+    if unverified:
         i = unverified[-1]
-        pid = (i["job"] or {}).get("launcher_pid")
+        gone = (f"; if the job is gone: certify older checkpoints too and restart from the newest certified, "
+                f"else from {i['path']} (clean, not replay-checked)")
         if i["job"] is None:
             return ("no job of the replay ledger is known to have written it: see its reason",
                     "while the job runs: sudo scout-sys certify --job PID " + " ".join(x["path"] for x in items)
-                    + " (or run a round: sudo scout-sys replay --job PID)")
+                    + " (or run a round: sudo scout-sys replay --job PID)" + gone)
+        pid = i["job"].get("launcher_pid")
         return ("no clean replay round of its job covered it",
-                f"run a round now: sudo scout-sys replay --job {pid or 'PID'}, then certify the next checkpoint; "
-                "or go back to the previous certified checkpoint")
+                f"run a round now: sudo scout-sys replay --job {pid or 'PID'}, then certify the next checkpoint"
+                + gone)
     why = "; ".join(f"{i['path']}: {i['reasons'][0]}" for i in rejected[:3] if i["reasons"]) or "none is certified"
     return why, "go back to the previous certified checkpoint (certify the older ones to find it)"
 
