@@ -3,6 +3,9 @@ digests agree with its peers and its time per round."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from scout_sys.model import DeviceRound
 from scout_sys.replay.runner import ReplayResult
 from scout_sys.report import printable, render
 
@@ -26,7 +29,8 @@ def render_replay(r: ReplayResult, *, verbose: bool = True) -> str:
             agree = f"error: {dev.error}"
         else:
             bad = sorted({k for dv in r.digests for k in dv.divergent.get(dev.device, ())})
-            unsure = sorted({k for dv in r.digests for k in dv.inconclusive if k in dev.kernels})
+            own = _kernel_of(dev)
+            unsure = sorted({k for dv in r.digests for k in map(own, dv.inconclusive) if k in dev.kernels})
             agree = ("differs on " + ", ".join(bad)) if bad else \
                 ("no majority on " + ", ".join(unsure)) if unsure else f"agree ({len(dev.kernels)} kernels)"
         ranks = ",".join(map(str, dev.ranks))
@@ -34,3 +38,10 @@ def render_replay(r: ReplayResult, *, verbose: bool = True) -> str:
     if any(tv.slow for tv in r.times):
         lines.append("  * slower than its peers in that round")
     return "\n".join(printable(x) for x in lines + tail)
+
+
+def _kernel_of(dev: DeviceRound) -> Callable[[str], str]:
+    """An inconclusive kernel's name as ``dev`` ran it: with devices of several kinds the vote names
+    it "gemm (KIND)" (consensus/replay.py), which is ``dev``'s own only when KIND is its kind."""
+    own = f" ({dev.peer_kind})"
+    return lambda k: k[:-len(own)] if k.endswith(own) else k
