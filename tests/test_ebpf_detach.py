@@ -111,3 +111,26 @@ def test_sigkill_of_monitor_detaches_everything() -> None:
         if monitor is not None:
             _kill(monitor)
         _kill(target)
+
+
+def test_a_normal_exit_beside_a_close_in_progress_prints_nothing_and_detaches_everything() -> None:
+    """bcc registers its own cleanup at exit; a watch stopped while its probe thread was still
+    attaching or closing (under load) ran it on fds already closed: "Failed to detach BPF from
+    uprobe" tracebacks at the user (a CI failure of test_package). The probes own their cleanup:
+    nothing runs at exit, and the kernel detaches what the exiting process still held."""
+    target = subprocess.Popen([sys.executable, str(ROOT / "tests" / "jobs" / "nccl_calls.py"), str(_libnccl())],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    monitor = None
+    try:
+        assert target.stdout is not None and target.stdout.readline().startswith("ready")
+        monitor = subprocess.Popen([sys.executable, str(ROOT / "tests" / "jobs" / "probe_holder.py"), str(target.pid),
+                                    "exit"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                   start_new_session=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        out, err = monitor.communicate(timeout=120)
+        assert out.split()[0] == "attached" and int(out.split()[1]) > 0, out
+        assert (monitor.returncode, err) == (0, ""), err
+        assert uprobe_events_naming(str(_libnccl())) == []
+    finally:
+        if monitor is not None:
+            _kill(monitor)
+        _kill(target)

@@ -228,7 +228,7 @@ class BccProbe:
         self._ranks = {host_pid(r.pid): r.rank for r in job.ranks}
         self.text = self._render(job)
         try:
-            self._bpf = bcc.BPF(text=self.text.encode())
+            self._bpf = owned(bcc.BPF(text=self.text.encode()))
             release_compile_heap()
             pids = self._bpf[b"pids"]
             for tgid, rank in self._ranks.items():
@@ -284,6 +284,19 @@ class BccProbe:
         bpf, self._bpf = self._bpf, None  # taken once: a second close (another thread) finds None
         if bpf is not None:
             detach_all(bpf)
+
+
+def owned(bpf: Any) -> Any:
+    """``bpf`` without the cleanup bcc registers to run at exit: ours detach it (close(), or the
+    child of Monitor.close(background=True)), and the uprobes are fd-based (the perf PMU: the only
+    attach mode we use, attach_mode_reason), so whatever is still attached when the monitor exits is
+    detached by the kernel as its fds close. At exit bcc's cleanup would race a probe thread still
+    attaching or closing the same fds (a watch stopped while its probe compiles under load): it
+    printed "Failed to detach BPF from uprobe" tracebacks at the user, on fds already closed."""
+    import atexit
+
+    atexit.unregister(bpf.cleanup)
+    return bpf
 
 
 def detach_all(bpf: Any) -> None:

@@ -51,6 +51,7 @@ from scout_sys.probes.ebpf._common import (
     host_pid,
     load_bcc,
     mapped_libs,
+    owned,
     release_compile_heap,
     render,
 )
@@ -192,7 +193,7 @@ class CommProbe(BccProbe):
                                               "MAX_THREADS": self.max_threads})
             t0 = time.monotonic()
             try:
-                self._bpf = bcc.BPF(text=self.text.encode())
+                self._bpf = owned(bcc.BPF(text=self.text.encode()))
                 self.compile_s = time.monotonic() - t0
                 release_compile_heap()
                 for path, open_path, syms in found:
