@@ -43,8 +43,14 @@ def test_watch_started_with_torchrun_names_a_gpu_shaped_hang(start_job, tmp_path
                f"127.0.0.1:{port}", *([] if ebpf else ["--no-ebpf"]))
     try:
         if ebpf:  # the fault once the collective probe sees every rank: its signal is then the one that counts
-            wait_for(lambda: _collectives_seen(_scrape(port, starting=True), 4), 180,
-                     "the collective probe attached and seeing every rank")
+            try:
+                wait_for(lambda: _collectives_seen(_scrape(port, starting=True), 4), 180,
+                         "the collective probe attached and seeing every rank")
+            except AssertionError as e:  # say why: the probe's state and the watch's own lines
+                m = _scrape(port, starting=True)
+                raise AssertionError(f"{e}; probes: {sorted((dict(lbl)['probe'], v) for (n, lbl), v in m.items() if n == 'scout_sys_probe_up')}; "
+                                     f"ranks with a sequence: {sorted({dict(lbl).get('rank') for (n, lbl) in m if n == 'scout_sys_rank_collective_seq'})}; "
+                                     f"watch stderr: {w.stderr()[-3000:]}") from None
         else:
             job.wait_steps(2, timeout=180)
         go.touch()
