@@ -64,7 +64,7 @@ def _agent(args: argparse.Namespace) -> int:
     from scout_sys.cluster.wire import read_token
     from scout_sys.watch.config import WatchConfig
 
-    if args.node_rank != "auto" and not args.node_rank.isdigit():
+    if args.node_rank != "auto" and not (args.node_rank.isascii() and args.node_rank.isdigit()):  # not "²"
         raise ScoutError(f"--node-rank {args.node_rank!r}: a number 0..N-1, or auto")
     config = AgentConfig(parse_addr(args.store), nnodes=args.nnodes,
                          node_rank=None if args.node_rank == "auto" else int(args.node_rank),
