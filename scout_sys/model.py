@@ -9,11 +9,7 @@ Every record is frozen: consensus is a pure function of them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Union
-
-# The vocabulary is split in four modules to keep each readable; this one re-exports the others
+# The vocabulary is split in five modules to keep each readable; this one re-exports the others
 # (``X as X``) so that ``from scout_sys.model import X`` names any record.
 from scout_sys.model_activity import (
     STATES as STATES,
@@ -27,10 +23,27 @@ from scout_sys.model_activity import (
 from scout_sys.model_activity import (
     RankView as RankView,
 )
-from scout_sys.model_job import (
-    REPORT,
-    job_to_json,
-)
+from scout_sys.model_core import ATTRIBUTED as ATTRIBUTED
+from scout_sys.model_core import COLLECTIVES as COLLECTIVES
+from scout_sys.model_core import DESYNC as DESYNC
+from scout_sys.model_core import HANG as HANG
+from scout_sys.model_core import HARDWARE as HARDWARE
+from scout_sys.model_core import INCONCLUSIVE as INCONCLUSIVE
+from scout_sys.model_core import MAIN_THREAD as MAIN_THREAD
+from scout_sys.model_core import PROCESS_EXIT as PROCESS_EXIT
+from scout_sys.model_core import PROCESS_STALL as PROCESS_STALL
+from scout_sys.model_core import SCHEMA as SCHEMA
+from scout_sys.model_core import SDC as SDC
+from scout_sys.model_core import STACK as STACK
+from scout_sys.model_core import STRAGGLER as STRAGGLER
+from scout_sys.model_core import Diagnosis as Diagnosis
+from scout_sys.model_core import Evidence as Evidence
+from scout_sys.model_core import Frame as Frame
+from scout_sys.model_core import Incident as Incident
+from scout_sys.model_core import Observation as Observation
+from scout_sys.model_core import ProcSample as ProcSample
+from scout_sys.model_core import StackSample as StackSample
+from scout_sys.model_core import ThreadStack as ThreadStack
 from scout_sys.model_job import (
     Job as Job,
 )
@@ -73,231 +86,6 @@ from scout_sys.model_records import (
 from scout_sys.model_records import (
     ThreadSched as ThreadSched,
 )
-
-SCHEMA = "scout-sys/diagnosis/v1"
-
-# Incident kinds (the JSON "kind" field).
-HANG = "hang"
-STRAGGLER = "straggler"
-DESYNC = "collective_desync"
-PROCESS_EXIT = "process_exit"
-PROCESS_STALL = "process_stall"
-SDC = "sdc"
-HARDWARE = "hardware"
-
-ATTRIBUTED = "attributed"
-INCONCLUSIVE = "inconclusive"
-
-# The signals by which a rank is seen progressing (watch/progress.py), named in incidents' "trigger"
-# and carried by heartbeats (cluster/heartbeat.py): here, where both read them.
-COLLECTIVES, MAIN_THREAD, STACK = "collectives", "main thread", "stack"
-
-
-# --------------------------------------------------------------------------- observations
-
-
-@dataclass(frozen=True)
-class Frame:
-    function: str
-    file: str
-    line: int
-
-    def where(self) -> str:
-        return f"{self.file}:{self.line} {self.function}"
-
-
-@dataclass(frozen=True)
-class ThreadStack:
-    tid: int
-    name: str
-    active: bool
-    frames: tuple[Frame, ...]  # innermost first, as py-spy prints them
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "tid": self.tid,
-            "name": self.name,
-            "active": self.active,
-            "frames": [f.where() for f in self.frames],
-        }
-
-
-@dataclass(frozen=True)
-class ProcSample:
-    """One read of /proc for one rank (probe: procfs)."""
-
-    time: float
-    rank: int
-    pid: int
-    status: str  # psutil status names, plus "gone" when the process no longer exists
-    cpu_time: float = 0.0  # user + system, whole process, seconds
-    main_cpu_ns: int | None = None  # on-CPU time of the main thread (schedstat), ns
-    main_delay_ns: int | None = None  # main thread runnable but not running (run queue, CPU quota), ns
-    main_last_ran: float | None = None  # unix time the main thread last ran (sched exec_start)
-    # the CPU cgroup's throttling counters (cpu.stat: nr_periods, nr_throttled, throttled time in ns)
-    # and its quota in CPUs (cfs_quota_us / cfs_period_us, v2 cpu.max; None when unlimited)
-    cg_periods: int | None = None
-    cg_throttled: int | None = None
-    cg_throttled_ns: int | None = None
-    cg_quota: float | None = None
-    ctx_switches: int = 0
-    main_voluntary: int | None = None  # the main thread's voluntary context switches (it blocked or slept)
-    num_threads: int = 0
-    wchan: str | None = None
-    write_chars: int | None = None
-    read_chars: int | None = None
-    exit_code: int | None = None  # zombies: exit status
-    exit_signal: int | None = None  # zombies: killed by this signal
-    source: str = "procfs"
-    # in tracing-stop because py-spy reads its stack (a native dump pauses it for a moment: the watch's
-    # own evidence bundle, or someone's `diagnose --native`): a pause for a stack read, not a stop
-    paused_by_pyspy: bool = False
-
-    @property
-    def alive(self) -> bool:
-        return self.status not in ("gone", "zombie", "dead")
-
-    @property
-    def stopped(self) -> bool:
-        """Stopped (SIGSTOP, or a debugger holds it); a py-spy dump's momentary pause is not a stop."""
-        return self.status in ("stopped", "tracing-stop") and not self.paused_by_pyspy
-
-
-@dataclass(frozen=True)
-class StackSample:
-    """One Python stack dump of one rank (probe: pystack, py-spy)."""
-
-    time: float
-    rank: int
-    pid: int
-    threads: tuple[ThreadStack, ...] = ()
-    error: str | None = None
-    native: bool = False
-    source: str = "stack"
-    denied: bool = False  # the error is a refusal to read the process (ptrace / permissions), said by the probe
-
-    def main(self) -> ThreadStack | None:
-        """The thread that runs the training loop: MainThread, else the first one listed."""
-        for t in self.threads:
-            if t.name == "MainThread":
-                return t
-        return self.threads[0] if self.threads else None
-
-
-# What the probes return (the records of model_records.py come from eBPF and NVML)
-Observation = Union[  # noqa: UP007
-    ProcSample, StackSample, CollectiveSample, SchedSample, SignalRecord, ExitRecord, OomRecord, DeviceSample,
-    ProcessGroupSample,
-]
-
-
-# --------------------------------------------------------------------------- verdicts
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """A fact a person can check. ``data`` holds the machine-readable part."""
-
-    source: str  # "stack" | "procfs" | "ebpf" | "nvml" | "replay" | "cluster" (docs/json.md)
-    text: str
-    rank: int | None = None
-    data: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"source": self.source, "text": self.text}
-        if self.rank is not None:
-            out["rank"] = self.rank
-        out.update(self.data)
-        return out
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Evidence:
-        data = {k: v for k, v in d.items() if k not in ("source", "text", "rank")}
-        return cls(source=str(d.get("source", "")), text=str(d.get("text", "")), rank=d.get("rank"), data=data)
-
-
-@dataclass(frozen=True)
-class Incident:
-    kind: str
-    status: str  # ATTRIBUTED | INCONCLUSIVE
-    ranks: tuple[int, ...]  # origin global ranks; empty when inconclusive
-    hosts: tuple[str, ...]
-    since: float
-    summary: str
-    evidence: tuple[Evidence, ...] = ()
-    id: str = ""  # set by the Monitor when it tracks the incident
-
-    def key(self) -> tuple[str, str, tuple[int, ...]]:
-        """What makes two findings the same incident across polls."""
-        return (self.kind, self.status, self.ranks)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "kind": self.kind,
-            "status": self.status,
-            "ranks": list(self.ranks),
-            "hosts": list(self.hosts),
-            "since": round(self.since, 3),
-            "summary": self.summary,
-            "evidence": [e.to_json() for e in self.evidence],
-        }
-        if self.id:
-            out["id"] = self.id
-        return out
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Incident:
-        return cls(kind=str(d.get("kind", "")), status=str(d.get("status", "")),
-                   ranks=tuple(int(r) for r in d.get("ranks", ())), hosts=tuple(d.get("hosts", ())),
-                   since=float(d.get("since", 0.0)), summary=str(d.get("summary", "")),
-                   evidence=tuple(Evidence.from_json(e) for e in d.get("evidence", ())), id=str(d.get("id", "")))
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """The answer of one decision round: what ``diagnose`` prints and the Monitor publishes."""
-
-    time: float
-    job: Job
-    views: dict[int, RankView] = field(hash=False, compare=False)
-    incidents: tuple[Incident, ...]
-    probes: dict[str, str | None] = field(hash=False, compare=False)  # name -> None (on) | reason off
-    window: float = 0.0
-    notes: tuple[str, ...] = ()
-
-    @property
-    def healthy(self) -> bool:
-        return not self.incidents
-
-    def to_json(self) -> dict[str, Any]:
-        job = job_to_json(self.job, REPORT)
-        for d in job["ranks"]:
-            if d["pid"] is None:  # exited before it was seen (Job.missing)
-                d["state"] = "exited"
-                continue
-            v = self.views.get(d["rank"])
-            d["state"] = v.state if v else "unknown"
-            if v:
-                d["where"] = v.where
-                if v.collective:
-                    d["collective"] = v.collective
-                if v.cpu_percent is not None:  # the CPU% column of the text output
-                    d["cpu_percent"] = round(v.cpu_percent, 1)
-        return {
-            "schema": SCHEMA,
-            "time": round(self.time, 3),
-            "job": job,
-            "status": "healthy" if self.healthy else "incident",
-            "incidents": [i.to_json() for i in self.incidents],
-            "probes": {k: ("on" if v is None else f"off: {v}") for k, v in self.probes.items()},
-            "window": round(self.window, 3),
-            "notes": list(self.notes),
-        }
-
-
-# --------------------------------------------------------------------------- watch
-# Event and Snapshot (what the live watch publishes) live in model_watch.py; re-exported here last,
-# since they are built from the records above.
-from scout_sys.model_watch import WATCH_KEY as WATCH_KEY  # noqa: E402
-from scout_sys.model_watch import Event as Event  # noqa: E402
-from scout_sys.model_watch import Snapshot as Snapshot  # noqa: E402
+from scout_sys.model_watch import WATCH_KEY as WATCH_KEY
+from scout_sys.model_watch import Event as Event
+from scout_sys.model_watch import Snapshot as Snapshot

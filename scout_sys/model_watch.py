@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from scout_sys.model_activity import RankView
-from scout_sys.model_job import REPORT, job_from_json
-
-if TYPE_CHECKING:  # model re-exports this module at its end: its records are imported where used
-    from scout_sys.model import Diagnosis, Incident, Job
+from scout_sys.model_core import SCHEMA, Diagnosis, Incident
+from scout_sys.model_job import REPORT, Job, job_from_json
 
 # Extra key of a saved report: what the dashboard shows beyond the diagnosis (diagnosis/v1 allows
 # added fields). Reports without it (plain ``diagnose --json``) open too.
@@ -62,7 +60,6 @@ class Snapshot:
     # ------------------------------------------------------------ its saved form (a report)
     def diagnosis(self) -> Diagnosis:
         """The snapshot as a Diagnosis (the records ``diagnose --json`` prints)."""
-        from scout_sys.model import Diagnosis
 
         return Diagnosis(time=self.time, job=self.job, views=dict(self.views), incidents=tuple(self.incidents),
                          probes=dict(self.probes), window=0.0, notes=tuple(self.job.notes))
@@ -89,7 +86,6 @@ class Snapshot:
     def from_report(cls, doc: Mapping[str, Any]) -> Snapshot:
         """A Snapshot from a saved report (``scout-sys/diagnosis/v1``, with or without ``"watch"``).
         Raises ValueError when ``doc`` is not one."""
-        from scout_sys.model import SCHEMA, Incident
 
         if doc.get("schema") != SCHEMA:
             raise ValueError(f"not a scout-sys report (schema {doc.get('schema')!r}, expected {SCHEMA})")
