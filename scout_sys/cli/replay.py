@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 
-from scout_sys.cli.common import EXIT_INCIDENT, EXIT_OK, _job_options
+from scout_sys.cli.common import EXIT_ERROR, EXIT_INCIDENT, EXIT_OK, _job_options
 from scout_sys.errors import ScoutError
 from scout_sys.extras import require
 
@@ -21,8 +21,10 @@ examples:
 incidents: sdc (a device computes other bits than the strict majority of its peers), straggler (a
 device runs the same kernels slower, in 2 rounds in a row); inconclusive without a strict majority.
 Each round is appended to <state dir>/replay/ledger.jsonl, which certify reads.
-exit status: 0 every device agrees, 1 incident reported, 2 could not replay. The job keeps running;
-every worker is gone when the command ends (SIGINT / SIGTERM included). See docs/replay.md.
+exit status: 0 every device agrees, 1 incident reported, 2 could not replay (no device gave a
+result). The job keeps running; every worker is gone when the command ends (SIGINT / SIGTERM
+included). A rank in a container (another mount namespace) gets its worker inside that namespace,
+with the rank's own interpreter and torch. See docs/replay.md.
 """
 
 _CERTIFY_EPILOG = """\
@@ -100,6 +102,8 @@ def _replay(args: argparse.Namespace) -> int:
         print(json.dumps(out))
     else:
         print(render_replay(res, verbose=not args.quiet))
+    if res.rounds and res.rounds[-1] and all(x.error for x in res.rounds[-1]):
+        return EXIT_ERROR  # no device gave a result (each one's error is in the notes): nothing was replayed
     return EXIT_OK if d.healthy else EXIT_INCIDENT
 
 

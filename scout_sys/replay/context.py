@@ -5,6 +5,12 @@ when it is the same file as ``/proc/PID/exe``), the directory of the torch the r
 ``sys.path`` (from ``/proc/PID/maps``), the rank's environment (``/proc/PID/environ``, as it was at
 exec), working directory, CPU affinity and cgroups, at a lower priority and with bounded memory.
 
+A rank in a container (another mount namespace: a Kubernetes pod seen by the DaemonSet, a docker or
+podman rank seen from the host) names its interpreter, torch and working directory in its own
+namespace's terms. ``Context.mntns`` is then set and the worker enters that namespace before exec
+(``runner._preexec``); every path here stays in the rank's terms, and checks on them are made through
+``/proc/PID/root`` (:func:`in_root`), never against the monitor's own files.
+
 GPU ranks: the device is the rank's GPU by physical index and UUID, from NVML (pid → device) when
 the driver answers, else from ``CUDA_VISIBLE_DEVICES`` and ``LOCAL_RANK`` (``Rank.device``). One
 worker per GPU, whatever the number of ranks on it. CPU ranks: each rank is its own device.
@@ -49,6 +55,10 @@ class Context:
     notes: tuple[str, ...] = ()
     uid: int | None = None  # the rank's user and group: the worker runs as them
     gid: int | None = None
+    # the rank's mount namespace (inode of /proc/PID/ns/mnt) when it is not the monitor's: the worker
+    # enters it, and python / cwd / torch_site are paths in it. None: the same namespace as ours
+    mntns: int | None = None
+    error: str | None = None  # why no worker can run as this rank runs (one line, "...: replay off for that device")
 
 
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
@@ -179,9 +189,63 @@ def _same_file(a: str, b: str) -> bool:
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
-def _interpreter(pid: int, cwd: str) -> str:
+def mount_ns(pid: int | str) -> int:
+    """The inode of ``pid``'s mount namespace (``"self"``: ours). Raises OSError."""
+    return os.stat(f"/proc/{pid}/ns/mnt").st_ino
+
+
+def foreign_mount_ns(pid: int) -> int | None:
+    """``pid``'s mount namespace when it is not ours (a rank in a container), else None. Raises OSError
+    when it cannot be told (the rank is gone, or its namespace is not ours to look at)."""
+    theirs = mount_ns(pid)
+    return None if theirs == mount_ns("self") else theirs
+
+
+MAX_LINKS = 40  # symbolic links followed in one path (the kernel's own bound)
+
+
+def in_root(pid: int, path: str) -> str:
+    """Where ``path``, a path in rank ``pid``'s mount namespace, is seen from here: under
+    ``/proc/PID/root``, with every symbolic link on the way resolved *inside* that root. (The kernel
+    would resolve an absolute link target met under ``/proc/PID/root`` against our root: a venv's
+    ``bin/python -> /usr/bin/python3`` would name the host's python, not the container's.) A missing
+    component ends the resolution; the path then does not exist. Relative ``path``: from the root."""
+    root = f"/proc/{pid}/root"
+    todo = [p for p in path.split("/") if p]
+    done: list[str] = []
+    links = 0
+    while todo:
+        part = todo.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        here = "/".join([root, *done, part])
+        try:
+            target = os.readlink(here)
+        except OSError:  # not a link (or not there): taken as it is
+            done.append(part)
+            continue
+        links += 1
+        if links > MAX_LINKS:
+            return "/".join([root, *done, part, *todo])  # a loop: stat() of it fails as it should
+        if target.startswith("/"):
+            done = []
+        todo = [p for p in target.split("/") if p] + todo
+    return "/".join([root, *done])
+
+
+def _seen(pid: int, path: str, foreign: bool) -> str:
+    """``path`` (in the rank's terms) as this process can look at it."""
+    return in_root(pid, path) if foreign else path
+
+
+def _interpreter(pid: int, cwd: str, foreign: bool = False) -> str | None:
     """The rank's interpreter, by the name it was started with when that is the same file (a venv's
-    ``bin/python`` link keeps the venv's site-packages; its target would not)."""
+    ``bin/python`` link keeps the venv's site-packages; its target would not). In the rank's
+    namespace's terms; None when, in another namespace, no path there names it."""
     exe = f"/proc/{pid}/exe"
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -190,15 +254,16 @@ def _interpreter(pid: int, cwd: str) -> str:
         argv0 = ""
     if argv0:
         cand = argv0 if os.path.isabs(argv0) else os.path.join(cwd, argv0)
-        if "/" in argv0 and _same_file(cand, exe):
+        if "/" in argv0 and _same_file(_seen(pid, cand, foreign), exe):
             return cand
     try:
-        target = os.readlink(exe)
-        if os.path.exists(target):
+        target = os.readlink(exe)  # the kernel writes it in the rank's namespace's terms
+        if os.path.exists(_seen(pid, target, foreign)):
             return target
     except OSError:
         pass
-    return exe
+    # /proc/PID/exe is a path of our /proc: inside the rank's namespace it would be another process's
+    return None if foreign else exe
 
 
 _TORCH_LIB = re.compile(r"\s(/\S+)/torch/lib/libtorch[\w.-]*\.so")
@@ -222,9 +287,16 @@ def context_of(pid: int) -> Context:
     if env is None:
         raise TargetGone(f"rank process {pid} is gone", pid=pid)
     notes = []
+    error = None
     try:
-        cwd = os.readlink(f"/proc/{pid}/cwd")
-        if not os.path.isdir(cwd):
+        mntns = foreign_mount_ns(pid)
+    except OSError as e:
+        mntns = None
+        error = f"cannot tell the mount namespace of rank pid {pid}: {e.strerror or e}: replay off for that device"
+    foreign = mntns is not None
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")  # in the rank's namespace's terms, as the kernel writes it
+        if not os.path.isdir(_seen(pid, cwd, foreign)):
             cwd = "/"
     except OSError:
         cwd = "/"
@@ -236,7 +308,7 @@ def context_of(pid: int) -> Context:
         nice = min(19, os.getpriority(os.PRIO_PROCESS, pid) + NICE_DELTA)
     except OSError:
         nice = NICE_DELTA
-    site = torch_site(pid)
+    site = torch_site(pid)  # /proc/PID/maps: the rank's terms too
     env = dict(env)
     if site:
         env["PYTHONPATH"] = os.pathsep.join([site] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
@@ -246,7 +318,81 @@ def context_of(pid: int) -> Context:
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("PYTHONSTARTUP", None)
     uid, gid = _ids(pid)
-    return Context(_interpreter(pid, cwd), env, cwd, cpus, nice, cgroup_procs(pid), site, tuple(notes), uid, gid)
+    python = _interpreter(pid, cwd, foreign)
+    if python is None and error is None:
+        error = (f"the interpreter of rank pid {pid} has no path in its mount namespace (replaced or deleted "
+                 "since it started?): replay off for that device")
+    return Context(python or "", env, cwd, cpus, nice, cgroup_procs(pid), site, tuple(notes), uid, gid,
+                   mntns, error)
+
+
+def rank_path(pid: int, path: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The path, in rank ``pid``'s mount namespace, of ``path`` (an existing file or folder of ours); None
+    when the rank cannot see it. The same path when it names the same file there (a volume mounted at
+    the same place); a path under ``/proc/P/root/`` of a process in that namespace, without the prefix;
+    else a mount of its filesystem in the rank's namespace that shows it (``docker -v /data/ckpt:/ckpt``:
+    ``/data/ckpt/step_9.pt`` is ``/ckpt/step_9.pt`` there), checked to be the same file."""
+    path = os.path.abspath(path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+
+    def same(p: str) -> bool:
+        try:
+            s = os.stat(in_root(pid, p))
+        except OSError:
+            return False
+        return (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino)
+
+    m = re.match(r"^/proc/(\d+)/root(/.*)?$", path)  # before realpath(), which would read that link as "/"
+    if m:
+        inside = m.group(2) or "/"
+        return inside if same(inside) else None
+    path = os.path.realpath(path)
+    if same(path):
+        return path
+    ours = _mount_roots(mountinfo)
+    theirs = _mount_roots(f"/proc/{pid}/mountinfo")
+    dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    for root, point in sorted(ours.get(dev, ()), key=lambda rp: -len(rp[1])):  # the deepest mount first
+        rel = _below(path, point)
+        if rel is None:
+            continue
+        inside = os.path.normpath(os.path.join(root, rel))  # the path within the filesystem
+        for troot, tpoint in theirs.get(dev, ()):
+            trel = _below(inside, troot)
+            if trel is None:
+                continue
+            cand = os.path.normpath(os.path.join(tpoint, trel))
+            if same(cand):
+                return cand
+    return None
+
+
+def _below(path: str, top: str) -> str | None:
+    """``path`` relative to ``top`` when it lies under it (``"."``: itself), else None."""
+    rel = os.path.relpath(path, top)
+    return None if rel == ".." or rel.startswith("../") else rel
+
+
+def _mount_roots(mountinfo: str) -> dict[str, list[tuple[str, str]]]:
+    """major:minor -> [(root within the filesystem, mount point)] of every mount in ``mountinfo``."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    try:
+        with open(mountinfo) as f:
+            for line in f:
+                a = line.split(" - ")[0].split()
+                if len(a) >= 5:
+                    out.setdefault(a[2], []).append((_unescape(a[3]), _unescape(a[4])))
+    except OSError:
+        pass
+    return out
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _ids(pid: int) -> tuple[int | None, int | None]:

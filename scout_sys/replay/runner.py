@@ -2,12 +2,14 @@
 
 The monitor side of replay: it never imports torch. Workers (``worker.py``) are started in their
 own sessions (they never join the job's process group), die with us (``PR_SET_PDEATHSIG``), and
-are killed by process group when the round ends, on error and on SIGINT.
+are killed by process group when the round ends, on error and on SIGINT. A worker for a rank in
+another mount namespace (a container) enters that namespace before exec (``_preexec``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import resource
@@ -31,6 +33,7 @@ from scout_sys.replay.context import (
     devices_of,
     memory_available,
     memory_headroom,
+    rank_path,
 )
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
@@ -40,6 +43,7 @@ MIN_HEADROOM = 1 << 30  # a rank's memory cgroup is joined only with this much l
 READY_TIMEOUT = 120.0
 ROUND_TIMEOUT = 300.0
 _PR_SET_PDEATHSIG = 1
+_CLONE_NEWNS = 0x00020000
 
 
 class ReplayError(ScoutError):
@@ -54,18 +58,46 @@ class ReplayCancelled(ReplayError):
 class _Worker:
     device: Device
     ctx: Context
-    proc: subprocess.Popen[bytes]
-    stderr: IO[bytes]
+    proc: subprocess.Popen[bytes] | None  # None: it could not start (``error`` says why)
+    stderr: IO[bytes] | None
     buf: bytes = b""
     ready: dict[str, Any] | None = None
     error: str | None = None
     notes: list[str] = field(default_factory=list)
 
 
-def _preexec(ctx: Context, data_limit: int | None) -> Callable[[], None]:
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _preexec(ctx: Context, data_limit: int | None, mntns_fd: int | None = None, report: int | None = None,
+             what: str = "") -> Callable[[], None]:
+    """The child's set-up between fork and exec. ``mntns_fd``: an open ``/proc/PID/ns/mnt`` of the
+    rank, entered (``setns``) before the user is dropped (it needs CAP_SYS_ADMIN), then the rank's
+    working directory inside it. On failure ``what`` (``...{}...``, the reason goes in the braces) is
+    written to the pipe ``report`` and the child fails before exec: Popen then raises SubprocessError,
+    which carries no reason of its own."""
+    libc = _libc()  # loaded here, before fork: the child only calls into it
+    setns = getattr(libc, "setns", None) if mntns_fd is not None else None
+
+    def fail(reason: str) -> None:
+        if report is not None:
+            try:
+                os.write(report, what.format(reason).encode()[:4000])
+            except OSError:
+                pass
+        raise OSError(reason)
+
+    def chdir(path: str) -> bool:
+        try:
+            os.chdir(path)
+            return True
+        except OSError:
+            return False
+
     def run() -> None:  # in the child, between fork and exec: plain system calls only
         try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except Exception:  # noqa: BLE001
             pass
         try:
@@ -79,11 +111,23 @@ def _preexec(ctx: Context, data_limit: int | None) -> Callable[[], None]:
 
         if data_limit:
             resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
+        in_cwd = True
+        if mntns_fd is not None:
+            # os.setns is Python >= 3.12 only; the monitor runs on 3.9+. The child of fork() has one
+            # thread and its own fs struct, as setns(CLONE_NEWNS) requires; it lands at the
+            # namespace's root, then goes to the rank's directory (Popen's cwd= was "/" of ours).
+            if setns is None:
+                fail("this C library has no setns()")
+            if setns(mntns_fd, _CLONE_NEWNS) != 0:
+                fail(os.strerror(ctypes.get_errno()))
+            in_cwd = chdir(ctx.cwd)
         if os.geteuid() == 0 and ctx.uid not in (None, 0):  # run as the rank's user, not as root
             if ctx.gid is not None:
                 os.setgroups([])
                 os.setgid(ctx.gid)
             os.setuid(ctx.uid)
+        if not in_cwd and not chdir(ctx.cwd):  # a folder only the rank's user may enter (root-squashed NFS)
+            chdir("/")
     return run
 
 
@@ -127,8 +171,10 @@ class WorkerSet:
             raise ReplayError("the job has no rank on this host to replay beside")
         budget = self._budget()
         try:
-            for dev in self.devices:
-                self._spawn(dev, budget)
+            ctxs = [context_of(dev.pid) for dev in self.devices]
+            ckpts = self._checkpoints(ctxs)
+            for dev, ctx, ckpt in zip(self.devices, ctxs, ckpts):
+                self._spawn(dev, budget, ctx, ckpt)
             self._wait(lambda w: w.ready is not None or w.error is not None, timeout, "start")
             for w in self.workers:
                 if w.ready is not None:
@@ -137,25 +183,88 @@ class WorkerSet:
             self.close()
             raise
 
-    def _spawn(self, dev: Device, budget: int) -> None:
-        ctx = context_of(dev.pid)
+    def _checkpoints(self, ctxs: Sequence[Context]) -> list[str | None]:
+        """The checkpoint's path for each device's worker, in its rank's mount namespace. Every worker
+        replays it or none does: a worker without its kernels would disagree with its peers on them."""
+        path = self.spec["checkpoint"]
+        if not path:
+            return [None] * len(ctxs)
+        out = [path if ctx.mntns is None else rank_path(dev.pid, path) for dev, ctx in zip(self.devices, ctxs)]
+        missing = [dev.name for dev, ctx, p in zip(self.devices, ctxs, out) if p is None and ctx.error is None]
+        if missing:
+            self.notes.append(f"checkpoint {path} is not visible in the mount namespace of the rank(s) of "
+                              f"{', '.join(missing)} (a container that does not mount it): its kernels are not "
+                              "replayed on any device")
+            return [None] * len(ctxs)
+        return out
+
+    def _spawn(self, dev: Device, budget: int, ctx: Context | None = None, checkpoint: str | None = None) -> None:
+        ctx = ctx or context_of(dev.pid)
+        if ctx.error:
+            self._failed(dev, ctx, ctx.error)
+            return
         env = dict(ctx.env)
-        spec = dict(self.spec, device="cpu")
+        spec = dict(self.spec, device="cpu", checkpoint=checkpoint)
         if dev.kind == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = dev.visible or "0"
             env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
             spec.update(device="cuda:0", memory_bytes=self._gpu_budget(dev))
         with open(WORKER) as f:
             source = f.read()
-        err = tempfile.TemporaryFile()
-        proc = subprocess.Popen([ctx.python, "-c", source, json.dumps(spec)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=err, cwd=ctx.cwd, env=env, start_new_session=True,
-                                preexec_fn=_preexec(ctx, budget if dev.kind == "cpu" else None))
+        what = f"cannot enter the mount namespace of rank pid {dev.pid}: {{}}: replay off for that device"
+        nsfd = rd = wr = None
+        try:
+            if ctx.mntns is not None:
+                try:
+                    nsfd = os.open(f"/proc/{dev.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+                    if os.fstat(nsfd).st_ino != ctx.mntns:  # the pid is another process's now
+                        raise OSError(errno.ESRCH, "the rank is gone")
+                except OSError as e:
+                    self._failed(dev, ctx, what.format(e.strerror or e))
+                    return
+                rd, wr = os.pipe2(os.O_CLOEXEC)
+            err = tempfile.TemporaryFile()
+            try:
+                # CPython's _posixsubprocess (child_exec, the same order in 3.9 to 3.13: dup2 of stdio,
+                # chdir(cwd), umask, setsid, setgroups/setregid/setreuid, preexec_fn, close fds, exec;
+                # never vfork with a preexec_fn) chdirs to cwd= *before* preexec_fn, i.e. still in our
+                # namespace, where the rank's folder may not exist. (A preexec_fn sees cwd= as its
+                # working directory on 3.9.18, 3.10.13, 3.11.7, 3.12.1 and 3.13.0, checked.) So cwd= is
+                # our "/" and the preexec goes to the rank's folder once inside its namespace.
+                proc = subprocess.Popen([ctx.python, "-c", source, json.dumps(spec)], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=err,
+                                        cwd="/" if ctx.mntns is not None else ctx.cwd, env=env,
+                                        start_new_session=True,
+                                        preexec_fn=_preexec(ctx, budget if dev.kind == "cpu" else None, nsfd, wr,
+                                                            what))
+            except (OSError, subprocess.SubprocessError) as e:
+                err.close()
+                said = b""
+                if rd is not None and wr is not None:
+                    os.close(wr)
+                    wr = None
+                    os.set_blocking(rd, False)  # another thread's child may hold it until its own exec
+                    try:
+                        said = os.read(rd, 4096)
+                    except BlockingIOError:
+                        pass
+                where = " in its mount namespace" if ctx.mntns is not None else ""
+                self._failed(dev, ctx, said.decode(errors="replace") if said else
+                             f"cannot start the worker ({ctx.python}{where}): {getattr(e, 'strerror', None) or e}")
+                return
+        finally:
+            for fd in (nsfd, rd, wr):
+                if fd is not None:
+                    os.close(fd)
         w = _Worker(dev, ctx, proc, err, notes=list(ctx.notes))
         self.workers.append(w)
         assert proc.stdout is not None
         os.set_blocking(proc.stdout.fileno(), False)
         self._sel.register(proc.stdout, selectors.EVENT_READ, w)
+
+    def _failed(self, dev: Device, ctx: Context, why: str) -> None:
+        """A device whose worker could not start: no result for it, one line that says why."""
+        self.workers.append(_Worker(dev, ctx, None, None, error=why, notes=list(ctx.notes)))
 
     def _join_cgroups(self, w: _Worker) -> None:
         """Move the worker (every thread) into its rank's cgroups, and lower its session's priority,
@@ -198,6 +307,8 @@ class WorkerSet:
     def close(self) -> None:
         """Every worker gone: ask them to quit, then kill their process groups, and reap."""
         for w in self.workers:
+            if w.proc is None:
+                continue
             try:
                 if w.proc.poll() is None and w.proc.stdin:
                     w.proc.stdin.write(b"quit\n")
@@ -206,6 +317,8 @@ class WorkerSet:
                 pass
         end = time.monotonic() + 2.0
         for w in self.workers:
+            if w.proc is None:
+                continue
             try:
                 w.proc.wait(timeout=max(0.0, end - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -262,6 +375,7 @@ class WorkerSet:
         return out
 
     def _died(self, w: _Worker) -> str:
+        assert w.proc is not None and w.stderr is not None
         w.proc.wait()
         w.stderr.seek(0)
         tail = [ln for ln in w.stderr.read()[-4000:].decode(errors="replace").splitlines() if ln.strip()]
