@@ -26,7 +26,7 @@ import pytest
 
 from scout_sys.demo.launch import DemoJob
 from scout_sys.model import Job, Rank
-from scout_sys.replay import runner
+from scout_sys.replay import child, runner
 from scout_sys.replay.context import Device, context_of, in_root, mount_ns, rank_path
 from tests.conftest import REPO, _rank_pids, wait_for
 from tests.test_replay_e2e import torch_save, workers_of
@@ -178,7 +178,7 @@ def test_the_preexec_enters_the_rank_namespace_and_its_folder():
         try:
             p = subprocess.Popen([ctx.python, "-c", code % name], cwd="/", stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True, start_new_session=True,
-                                 preexec_fn=runner._preexec(ctx, None, fd, None, "{}"))
+                                 preexec_fn=child.preexec(ctx, None, fd, None, "{}"))
         finally:
             os.close(fd)
         try:
@@ -203,7 +203,7 @@ class _NoSetns:
 
 @NEEDS_NS
 def test_a_worker_that_cannot_enter_the_namespace_fails_with_one_note(monkeypatch):
-    monkeypatch.setattr(runner, "_libc", _NoSetns)
+    monkeypatch.setattr(child, "_libc", _NoSetns)
     name = f"scout-ns-{uuid.uuid4().hex[:8]}"
     with sleeper(name) as pid:
         dev = Device("cpu/rank0", "cpu", "cpu", (0,), pid)

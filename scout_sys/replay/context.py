@@ -8,7 +8,7 @@ exec), working directory, CPU affinity and cgroups, at a lower priority and with
 A rank in a container (another mount namespace: a Kubernetes pod seen by the DaemonSet, a docker or
 podman rank seen from the host) names its interpreter, torch and working directory in its own
 namespace's terms. ``Context.mntns`` is then set and the worker enters that namespace before exec
-(``runner._preexec``); every path here stays in the rank's terms, and checks on them are made through
+(``replay/child.py``); every path here stays in the rank's terms, and checks on them are made through
 ``/proc/PID/root`` (:func:`in_root`), never against the monitor's own files.
 
 GPU ranks: the device is the rank's GPU by physical index and UUID, from NVML (pid → device) when

@@ -8,11 +8,9 @@ another mount namespace (a container) enters that namespace before exec (``_pree
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import json
 import os
-import resource
 import selectors
 import signal
 import subprocess
@@ -26,6 +24,7 @@ from typing import IO, Any
 from scout_sys.consensus import replay as rules
 from scout_sys.errors import ScoutError
 from scout_sys.model import DeviceRound, Diagnosis, Incident, Job, KernelResult, RankView
+from scout_sys.replay.child import preexec as _preexec
 from scout_sys.replay.context import (
     Context,
     Device,
@@ -42,8 +41,6 @@ WORKER_BASELINE = 640 << 20  # what a worker needs beyond its kernels: the inter
 MIN_HEADROOM = 1 << 30  # a rank's memory cgroup is joined only with this much left under its limit
 READY_TIMEOUT = 120.0
 ROUND_TIMEOUT = 300.0
-_PR_SET_PDEATHSIG = 1
-_CLONE_NEWNS = 0x00020000
 
 
 class ReplayError(ScoutError):
@@ -64,71 +61,6 @@ class _Worker:
     ready: dict[str, Any] | None = None
     error: str | None = None
     notes: list[str] = field(default_factory=list)
-
-
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _preexec(ctx: Context, data_limit: int | None, mntns_fd: int | None = None, report: int | None = None,
-             what: str = "") -> Callable[[], None]:
-    """The child's set-up between fork and exec. ``mntns_fd``: an open ``/proc/PID/ns/mnt`` of the
-    rank, entered (``setns``) before the user is dropped (it needs CAP_SYS_ADMIN), then the rank's
-    working directory inside it. On failure ``what`` (``...{}...``, the reason goes in the braces) is
-    written to the pipe ``report`` and the child fails before exec: Popen then raises SubprocessError,
-    which carries no reason of its own."""
-    libc = _libc()  # loaded here, before fork: the child only calls into it
-    setns = getattr(libc, "setns", None) if mntns_fd is not None else None
-
-    def fail(reason: str) -> None:
-        if report is not None:
-            try:
-                os.write(report, what.format(reason).encode()[:4000])
-            except OSError:
-                pass
-        raise OSError(reason)
-
-    def chdir(path: str) -> bool:
-        try:
-            os.chdir(path)
-            return True
-        except OSError:
-            return False
-
-    def run() -> None:  # in the child, between fork and exec: plain system calls only
-        try:
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except Exception:  # noqa: BLE001
-            pass
-        try:
-            os.sched_setaffinity(0, ctx.cpus)
-        except OSError:
-            pass
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, ctx.nice)
-        except OSError:
-            pass
-
-        if data_limit:
-            resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
-        in_cwd = True
-        if mntns_fd is not None:
-            # os.setns is Python >= 3.12 only; the monitor runs on 3.9+. The child of fork() has one
-            # thread and its own fs struct, as setns(CLONE_NEWNS) requires; it lands at the
-            # namespace's root, then goes to the rank's directory (Popen's cwd= was "/" of ours).
-            if setns is None:
-                fail("this C library has no setns()")
-            if setns(mntns_fd, _CLONE_NEWNS) != 0:
-                fail(os.strerror(ctypes.get_errno()))
-            in_cwd = chdir(ctx.cwd)
-        if os.geteuid() == 0 and ctx.uid not in (None, 0):  # run as the rank's user, not as root
-            if ctx.gid is not None:
-                os.setgroups([])
-                os.setgid(ctx.gid)
-            os.setuid(ctx.uid)
-        if not in_cwd and not chdir(ctx.cwd):  # a folder only the rank's user may enter (root-squashed NFS)
-            chdir("/")
-    return run
 
 
 def _cgroups_of(pid: int) -> set[str]:
