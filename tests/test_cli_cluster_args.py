@@ -16,25 +16,13 @@ import pytest
 from scout_sys.cli import build_parser
 from scout_sys.cli.cluster import _cluster_options
 from scout_sys.cli.common import _Parser
+from tests._cli_errors import one_error_line, usage_error_line
 from tests.conftest import scout
 
 AGENT = ["agent", "--job", "1", "--store", "127.0.0.1:1", "--nnodes", "2"]
 
 
-def _error(out: subprocess.CompletedProcess[str]) -> str:
-    """The one line a bad input prints (exit 2, nothing on stdout, no traceback)."""
-    assert (out.returncode, out.stdout) == (2, ""), (out.returncode, out.stdout, out.stderr)
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-    return lines[0]
-
-
-def _usage_error(out: subprocess.CompletedProcess[str]) -> str:
-    """argparse's own: the usage, then one error line (exit 2, no traceback)."""
-    assert (out.returncode, out.stdout) == (2, ""), (out.returncode, out.stdout, out.stderr)
-    lines = out.stderr.strip().splitlines()
-    assert lines[0].startswith("usage: scout-sys ") and "Traceback" not in out.stderr, out.stderr
-    return lines[-1]
+_error, _usage_error = one_error_line, usage_error_line
 
 
 def _token(tmp_path) -> str:
