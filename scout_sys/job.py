@@ -36,7 +36,7 @@ import psutil
 from scout_sys import launchers
 from scout_sys.errors import BadSelector, NoRanks, PermissionDenied, TargetGone
 from scout_sys.model import Job, Rank
-from scout_sys.rankenv import _Candidate, _candidate, _environ, _int, container_pid, denied_hint
+from scout_sys.rankenv import _Candidate, _candidate, _environ, _int, container_pid, denied_hint, key_label
 
 __all__ = ["container_pid", "denied_hint", "find_job", "group_members", "with_layout", "_environ"]
 from scout_sys.text import ranks_text
@@ -285,10 +285,29 @@ def with_layout(job: Job, topology: str | None = None) -> Job:
                    layout_from=found.where, notes=job.notes + (topo.note(found.text, groups),))
 
 
-def find_job(selector: str, topology: str | None = None) -> Job:
-    """Resolve a ``--job`` selector, with its layout (see :func:`with_layout`). Raises a
+def find_job(selector: str, topology: str | None = None, key: str | None = None) -> Job:
+    """Resolve a ``--job`` selector, with its layout (see :func:`with_layout`). ``key``: only the ranks of
+    that job (one of :func:`job_keys`; a node monitor's selector covers several). Raises a
     :class:`~scout_sys.errors.ScoutError` subclass."""
-    return with_layout(_find_job(selector), topology)
+    return with_layout(_find_job(selector, key), topology)
+
+
+def job_keys(selector: str) -> dict[str, str]:
+    """The jobs an ``env:`` selector covers on this host now, key → label (a node monitor's jobs, one
+    watch each: watch/node.py); none yet: empty. The key is the one :func:`find_job` takes."""
+    name, eq, value = _env_selector(selector)
+    try:
+        cands = _env_candidates(name, value if eq else None)
+    except NoRanks:
+        return {}
+    return {k: key_label(k) for k in sorted({c.key for c in cands})}
+
+
+def _env_selector(selector: str) -> tuple[str, str, str]:
+    name, eq, value = selector.strip()[4:].partition("=") if selector.strip().startswith("env:") else ("", "", "")
+    if not name or "\0" in name:
+        raise BadSelector(f"bad selector {selector!r}: env:NAME=VALUE or env:NAME, e.g. env:SLURM_JOB_ID=1234")
+    return name, eq, value
 
 
 def group_members(pgid: int) -> list[psutil.Process]:
@@ -303,7 +322,11 @@ def group_members(pgid: int) -> list[psutil.Process]:
     return members
 
 
-def _find_job(selector: str) -> Job:
+def _find_job(selector: str, key: str | None = None) -> Job:
+    """The job ``selector`` names (``key``: only that job's candidates, as if the others were not there)."""
+    def build(cands: list[_Candidate], launcher: psutil.Process | None) -> Job:
+        return _build([c for c in cands if key is None or c.key == key], launcher, selector)
+
     sel = selector.strip()
     if sel.startswith("pgid:"):
         pgid = _int(sel[5:])
@@ -319,20 +342,20 @@ def _find_job(selector: str) -> Job:
                 seen[d.pid] = d
         cands = _candidates(seen.values())
         leader = next((p for p in members if p.pid == pgid), None)
-        return _build(cands, leader, selector)
+        return build(cands, leader)
     if sel.startswith("env:"):
         # env:NAME=VALUE: this host's rank processes whose environment holds NAME=VALUE (e.g.
         # SLURM_JOB_ID, TORCHELASTIC_RUN_ID): how an agent started beside the job finds it.
         # env:NAME: the ranks that have NAME at all (whatever job runs here: a node-level agent).
-        name, eq, value = sel[4:].partition("=")
-        if not name or "\0" in name:
-            raise BadSelector(f"bad selector {selector!r}: env:NAME=VALUE or env:NAME, e.g. env:SLURM_JOB_ID=1234")
-        cands = _env_candidates(name, value if eq else None)
+        name, eq, value = _env_selector(sel)
+        cands = [c for c in _env_candidates(name, value if eq else None) if key is None or c.key == key]
+        if not cands:
+            raise NoRanks(f"no rank process of job {key_label(key or '')} has {sel[4:]} in its environment any more")
         try:
             launcher = _nearest_launcher(psutil.Process(cands[0].pid), cands[0].key)
         except psutil.NoSuchProcess:
             launcher = None
-        return _build(cands, launcher, selector)
+        return build(cands, launcher)
     if "," in sel:
         pids = [_int(x.strip()) for x in sel.split(",") if x.strip()]
         if not pids or any(p is None or p <= 0 for p in pids):
@@ -345,7 +368,7 @@ def _find_job(selector: str) -> Job:
                 raise NoRanks(f"pid {pid} is not a rank process (no RANK/WORLD_SIZE in its environment)",
                               pid=pid)
             cands.append(c)
-        job = _build(cands, None, selector)
+        job = build(cands, None)
         return job
     pid = _int(sel)
     if pid is None or pid <= 0:
@@ -361,6 +384,6 @@ def _find_job(selector: str) -> Job:
         cands = [c for c in _candidates(pool) if c.key == me.key]
         if me.pid not in {c.pid for c in cands}:
             cands.append(me)
-        return _build(cands, launcher, selector)
+        return build(cands, launcher)
     cands = _candidates(_descendants(proc))
-    return _build(cands, proc, selector)
+    return build(cands, proc)

@@ -89,3 +89,4 @@ from scout_sys.model_records import (
 from scout_sys.model_watch import WATCH_KEY as WATCH_KEY
 from scout_sys.model_watch import Event as Event
 from scout_sys.model_watch import Snapshot as Snapshot
+from scout_sys.model_watch import with_job as with_job

@@ -22,11 +22,14 @@ class Event:
     time: float
     incident: Incident
     bundle: str | None = None
+    job: str | None = None  # which job, when one watch follows several (watch --every-job)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"event": self.event, "time": round(self.time, 3), "incident": self.incident.to_json()}
         if self.bundle:
             out["bundle"] = self.bundle
+        if self.job is not None:
+            out["job"] = self.job
         return out
 
 
@@ -115,3 +118,10 @@ class Snapshot:
             devices=by_rank(w.get("devices")), ended=bool(w.get("ended", False)), bundle=w.get("bundle"),
             agents=tuple(dict(a) for a in w.get("agents", ())),
         )
+
+
+def with_job(e: Any, job: str) -> Any:
+    """The event with its job named (watch --every-job); one with no ``job`` field as it is."""
+    import dataclasses
+
+    return dataclasses.replace(e, job=job) if any(f.name == "job" for f in dataclasses.fields(e)) else e

@@ -14,6 +14,10 @@ import psutil
 
 from scout_sys.errors import SUDO_HINT, PermissionDenied
 
+# torchrun's TORCHELASTIC_RUN_ID when no --rdzv-id was given (a static rendezvous: --master-port, or
+# several nodes): every such job carries it, so it tells no two jobs apart; their master address does.
+NO_RUN_ID = "none"
+
 # (rank, world size, local rank) variables by launcher family, in order of preference.
 _RANK_VARS = (
     ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
@@ -108,7 +112,7 @@ def _candidate(proc: psutil.Process) -> _Candidate | None:
     except psutil.AccessDenied as e:
         raise PermissionDenied(f"cannot inspect pid {proc.pid}: {denied_hint()}", pid=proc.pid) from e
     run_id = env.get("TORCHELASTIC_RUN_ID")
-    if run_id:
+    if run_id and run_id != NO_RUN_ID:
         key = f"run:{run_id}"
     elif env.get("MASTER_ADDR") or env.get("MASTER_PORT"):
         key = f"master:{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
@@ -129,3 +133,11 @@ def _candidate(proc: psutil.Process) -> _Candidate | None:
     )
 
 
+def key_label(key: str) -> str:
+    """A job key as people and the metrics' ``job`` label name it: the run id (TORCHELASTIC_RUN_ID), else
+    the master's ADDR:PORT, else Slurm's job id and world size (``1234/16``)."""
+    kind, _, rest = key.partition(":")
+    if kind == "env":
+        slurm, _, ws = rest.rpartition(":")
+        return f"{slurm}/{ws}" if slurm else f"world {ws}"
+    return rest

@@ -251,7 +251,7 @@ def test_node_watch_loop_waits_and_ends_cleanly_on_sigterm(tmp_path):
     try:
         lines = [p.stderr.readline(), p.stderr.readline()]  # the metrics line, then the one status line
         line = next((x for x in lines if "waiting" in x), lines)
-        assert "waiting for the job's ranks" in line and f"SCOUT_NO_JOB_{os.getpid()}" in line, line
+        assert "waiting for jobs whose ranks carry" in line and f"SCOUT_NO_JOB_{os.getpid()}" in line, line
         assert p.poll() is None
         # the DaemonSet's readiness probe: the pod of a node with no job yet is Ready (the monitor is up)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
@@ -259,7 +259,7 @@ def test_node_watch_loop_waits_and_ends_cleanly_on_sigterm(tmp_path):
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=30) == 0
         out, err = p.communicate(timeout=10)
-        assert "could not follow" not in err, err
+        assert "could not start" not in err, err
     finally:
         try:
             os.killpg(p.pid, signal.SIGKILL)  # nothing left of the loop or its watch

@@ -22,9 +22,20 @@ from scout_sys import files
 from scout_sys.errors import ScoutError
 from scout_sys.exporters import Sinks
 from scout_sys.exporters.events import EventsFile
-from scout_sys.exporters.hooks import HookRunner
+from scout_sys.exporters.hooks import HookRunner, hook_env
 from scout_sys.exporters.prometheus import PrometheusExporter, parse_listen
-from scout_sys.model import ATTRIBUTED, HANG, Event, Evidence, Incident, Job, Rank, RankView, Snapshot
+from scout_sys.model import (
+    ATTRIBUTED,
+    HANG,
+    Event,
+    Evidence,
+    Incident,
+    Job,
+    Rank,
+    RankView,
+    Snapshot,
+    with_job,
+)
 
 T = 1_764_000_000.0
 
@@ -224,8 +235,10 @@ def test_hook_gets_the_exact_event_json_and_its_environment(tmp_path) -> None:
     env = {k: v for k, v in env.items() if os.environ.get(k) != v}  # not what the runner's env passed on
     assert env == {"SCOUT_SYS_BUNDLE": OPENED.bundle, "SCOUT_SYS_EVENT": "incident_opened",
                    "SCOUT_SYS_HOSTS": "node7", "SCOUT_SYS_INCIDENT": "inc-1", "SCOUT_SYS_KIND": HANG,
-                   "SCOUT_SYS_RANKS": "2", "SCOUT_SYS_STATUS": ATTRIBUTED}
+                   "SCOUT_SYS_RANKS": "2", "SCOUT_SYS_STATUS": ATTRIBUTED, "SCOUT_SYS_JOB": ""}
     assert said == ["scout-sys: hook for inc-1 incident_opened: exit 0 in " + said[0].rsplit(" in ", 1)[1]]
+    assert hook_env(with_job(OPENED, "run-7"))["SCOUT_SYS_JOB"] == "run-7"  # watch --every-job names the job
+    assert with_job(OPENED, "run-7").to_json() == {**OPENED.to_json(), "job": "run-7"}
 
 
 def test_a_failing_hook_is_reported_with_its_exit_status_and_stderr_tail() -> None:

@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "input pipeline (default: on; --no-replay turns all of it off)")
     w.add_argument("--replay-every", type=float, default=None, metavar="SECONDS",
                    help="also run a replay round every so many seconds (sdc: silent data corruption; default: off)")
+    w.add_argument("--every-job", action="store_true",
+                   help="with --job env:NAME: follow every job on this host whose ranks carry NAME, each apart (its "
+                        "own incidents, probes and bundles; events and metrics labelled with its job), new ones as "
+                        "they start, until stopped: one monitor for the node (docs/deploy.md); implies --headless")
     _export_options(w)
     _cluster_options(w, "watch")
 

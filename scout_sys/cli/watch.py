@@ -25,6 +25,7 @@ examples:
   sudo scout-sys watch --job 12345 --headless --json     # one JSON object per line
   sudo scout-sys watch --job 12345 --stall-after 30      # a job with long, legitimate pauses
   scout-sys watch --report incident.json                 # reopen a saved report in the dashboard
+  sudo scout-sys watch --job env:TORCHELASTIC_RUN_ID --every-job --prometheus 9464   # every job on this node
   scout-sys watch --cluster node0:29450 --token-file T   # every host's ranks through their agents (docs/cluster.md)
   scout-sys watch --cluster node0:29450 --token-file T --headless --json --prometheus 9464
 
@@ -44,7 +45,7 @@ metrics and alerts (docs/metrics.md, examples/):
   sudo scout-sys watch --job 12345 --prometheus 9464 --job-name llama-70b   # /metrics for Prometheus
   sudo scout-sys watch --job 12345 --headless --on-incident examples/on-incident.sh --on-incident-user root
   sudo scout-sys watch --job 12345 --events /var/log/scout-sys/events.jsonl  # the dashboard, and a log
-hooks get the event JSON on stdin and SCOUT_SYS_{EVENT,INCIDENT,KIND,STATUS,RANKS,HOSTS,BUNDLE}; as root
+hooks get the event JSON on stdin and SCOUT_SYS_{EVENT,INCIDENT,KIND,STATUS,RANKS,HOSTS,BUNDLE,JOB}; as root
 they run as nobody unless --on-incident-user says otherwise. Bundles, reports and --events files are
 0600 in 0700 folders (--group G: 0640/0750, group G). SIGHUP reopens the --events file (log rotation) and
 never stops the watch, --events or not; --pid-file names the watch to signal:
@@ -177,10 +178,11 @@ def _emitter(args: argparse.Namespace, *, hosts: bool = False) -> Callable[[Any]
             return
         stamp = time.strftime("%H:%M:%S", time.localtime(e.time))
         inc = getattr(e, "incident", None)
+        job = f" job {e.job}" if getattr(e, "job", None) else ""  # watch --every-job
         if inc is None:
-            print(printable(f"{stamp} {e.event.upper()} {agent_event(e)}"), flush=True)
+            print(printable(f"{stamp}{job} {e.event.upper()} {agent_event(e)}"), flush=True)
             return
-        line = f"{stamp} {e.event.removeprefix('incident_').upper()} {inc.id} {inc.kind} ({inc.status})"
+        line = f"{stamp}{job} {e.event.removeprefix('incident_').upper()} {inc.id} {inc.kind} ({inc.status})"
         if inc.ranks:
             line += f" rank{'s' if len(inc.ranks) > 1 else ''} {','.join(map(str, inc.ranks))}"
             if hosts and inc.hosts:
@@ -205,6 +207,8 @@ def _watch(args: argparse.Namespace) -> int:
         from scout_sys.tui.source import ReportSource
 
         return run_dashboard(ReportSource(args.report))
+    if getattr(args, "every_job", False):
+        return _every_job(args, config)
     dashboard, held, sinks = _front_ends(args)
     watcher = Watcher(args.job, config)
     stop = threading.Event()
@@ -244,6 +248,69 @@ def _watch(args: argparse.Namespace) -> int:
             print(m, file=sys.stderr)
         if quit_rc is not None:
             _exit_now(quit_rc)
+
+
+class _Shared:
+    """The node's sinks (events file, hooks) fed by every job's watch thread: one event at a time."""
+
+    def __init__(self, sinks: Any, lock: threading.Lock, label: str) -> None:
+        self.sinks, self.lock, self.label = sinks, lock, label
+
+    def on_event(self, e: Any) -> None:
+        from scout_sys.model import with_job
+
+        with self.lock:
+            self.sinks.on_event(with_job(e, self.label))
+
+    def on_snapshot(self, s: Any, took: float) -> None:
+        with self.lock:
+            self.sinks.on_snapshot(s, took)
+
+    def close(self) -> None:
+        pass  # closed once, with the node's watch
+
+
+def _every_job(args: argparse.Namespace, config: Any) -> int:
+    """``watch --every-job``: every job the env: selector covers, each its own watch (watch/node.py)."""
+    import dataclasses
+
+    from scout_sys.exporters import Sinks
+    from scout_sys.exporters.prometheus import PrometheusExporter
+    from scout_sys.watch import Watcher
+    from scout_sys.watch.node import NodeWatch
+
+    if not args.job or not args.job.strip().startswith("env:"):
+        raise ScoutError("--every-job needs --job env:NAME (or env:NAME=VALUE): the variable every job's ranks "
+                         "carry, e.g. env:TORCHELASTIC_RUN_ID for every torchrun job")
+    if args.job_name:
+        raise ScoutError("--every-job names each job itself (the metrics' job label); leave --job-name out")
+    # a job seen once whose ranks never come back must not hold a thread for ever
+    config = dataclasses.replace(config, wait_ranks=config.wait_ranks if config.wait_ranks is not None else 60.0)
+
+    def say(m: str) -> None:
+        print(f"scout-sys: {m}", file=sys.stderr, flush=True)
+
+    node_sinks = _export_sinks(args, say)
+    prom = next((s for s in node_sinks.sinks if isinstance(s, PrometheusExporter)), None)
+    others = Sinks([s for s in node_sinks.sinks if s is not prom], say)
+    lock = threading.Lock()
+
+    def job_sinks(label: str) -> Any:
+        return Sinks([_Shared(others, lock, label), *([prom.job(label)] if prom is not None else [])], say)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    node = NodeWatch(args.job, watcher=lambda key: Watcher(args.job, config, key=key), sinks=job_sinks,
+                     emit=_emitter(args), say=say)
+    say(f"waiting for jobs whose ranks carry {args.job.strip()[4:]} (every job on this host, each apart); "
+        "SIGINT / SIGTERM ends the watch")
+    try:
+        return node.run(stop)
+    except KeyboardInterrupt:
+        node.close()
+        return 1 if node.ever_opened else 0
+    finally:
+        node_sinks.close()
 
 
 def _exit_now(rc: int) -> None:

@@ -2,7 +2,7 @@
 
 CMD runs through ``/bin/sh -c`` with the event's JSON (exactly the line ``watch --headless --json``
 prints) on stdin and ``SCOUT_SYS_EVENT``, ``SCOUT_SYS_INCIDENT``, ``SCOUT_SYS_KIND``, ``SCOUT_SYS_STATUS``,
-``SCOUT_SYS_RANKS``, ``SCOUT_SYS_HOSTS`` and ``SCOUT_SYS_BUNDLE`` in its environment, in its own process
+``SCOUT_SYS_RANKS``, ``SCOUT_SYS_HOSTS``, ``SCOUT_SYS_BUNDLE`` and ``SCOUT_SYS_JOB`` in its environment, in its own process
 group. At most ``workers`` run at once and ``backlog`` wait; beyond that an event's hook is skipped and
 said so. A hook still running at its timeout is killed with its whole process group (SIGTERM, then
 SIGKILL). Every outcome — exit status, time, the tail of its stderr — goes to ``say``; a failing hook
@@ -43,6 +43,7 @@ def hook_env(e: Event) -> dict[str, str]:
         "SCOUT_SYS_RANKS": ",".join(map(str, inc.ranks)),
         "SCOUT_SYS_HOSTS": ",".join(inc.hosts),
         "SCOUT_SYS_BUNDLE": e.bundle or "",
+        "SCOUT_SYS_JOB": getattr(e, "job", None) or "",  # watch --every-job: which job (else empty)
     }
 
 

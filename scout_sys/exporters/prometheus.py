@@ -217,14 +217,69 @@ def _monitor_families(job: str, s: Snapshot, took: float, polls: int) -> Iterato
         yield agents
 
 
+class _Jobs(Collector):
+    """Every job's collector as one: families of the same name merged (one HELP/TYPE each, the jobs'
+    samples apart by their ``job`` label), as a node monitor that follows several jobs serves them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.collectors: dict[str, SnapshotCollector] = {}
+
+    def add(self, name: str, c: SnapshotCollector) -> None:
+        with self._lock:
+            self.collectors[name] = c
+
+    def drop(self, name: str, c: SnapshotCollector) -> None:
+        with self._lock:
+            if self.collectors.get(name) is c:
+                del self.collectors[name]
+
+    def collect(self) -> Iterator[Any]:
+        with self._lock:
+            collectors = list(self.collectors.values())
+        merged: dict[str, Any] = {}
+        for c in collectors:
+            for fam in c.collect():
+                if fam.name in merged:
+                    merged[fam.name].samples.extend(fam.samples)
+                else:
+                    merged[fam.name] = fam
+        yield from merged.values()
+
+
+class JobMetrics:
+    """One job's sink on a shared exporter (:meth:`PrometheusExporter.job`): its series carry its
+    ``job`` label; closed, they are served ``keep`` seconds more (a scrape after the job ended still
+    sees how it ended), then dropped."""
+
+    def __init__(self, jobs: _Jobs, name: str, keep: float) -> None:
+        self.jobs, self.name, self.keep = jobs, name, keep
+        self.collector = SnapshotCollector(name)
+        jobs.add(name, self.collector)
+
+    def on_event(self, e: Event) -> None:
+        self.collector.count(e)
+
+    def on_snapshot(self, s: Snapshot, took: float) -> None:
+        self.collector.update(s, took)
+
+    def close(self) -> None:
+        t = threading.Timer(self.keep, self.jobs.drop, (self.name, self.collector))
+        t.daemon = True
+        t.start()
+
+
 class PrometheusExporter:
-    """The sink: serves ``/metrics`` on ``listen`` from the moment it is constructed."""
+    """The sink: serves ``/metrics`` on ``listen`` from the moment it is constructed. One job's (fed
+    as a sink), or several (``watch --every-job``: one :meth:`job` sink each, one port for the node)."""
 
     def __init__(self, listen: str, job_name: str | None = None) -> None:
         addr, port = parse_listen(listen)
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = SnapshotCollector(job_name)
-        self.registry.register(self.collector)
+        self._jobs = _Jobs()
+        self._jobs.add("", self.collector)  # the one job's, while nothing is fed through job()
+        self.registry.register(self._jobs)
         ProcessCollector(registry=self.registry)  # the monitor's own CPU seconds and RSS (process_*)
         try:
             self._httpd, self._thread = start_http_server(port, addr, registry=self.registry)
@@ -234,6 +289,11 @@ class PrometheusExporter:
         host, bound = self._httpd.server_address[:2]
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{bound}/metrics"
+
+    def job(self, name: str, keep: float = 300.0) -> JobMetrics:
+        """A sink for one job of several, its series labelled ``job=name``."""
+        self._jobs.drop("", self.collector)
+        return JobMetrics(self._jobs, name, keep)
 
     def on_event(self, e: Event) -> None:
         self.collector.count(e)
@@ -246,4 +306,4 @@ class PrometheusExporter:
         self._httpd.server_close()
 
 
-__all__ = ["PrometheusExporter", "SnapshotCollector", "parse_listen"]
+__all__ = ["JobMetrics", "PrometheusExporter", "SnapshotCollector", "parse_listen"]

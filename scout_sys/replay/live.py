@@ -66,10 +66,12 @@ class CheckpointEvent:
     written: float
     replay: str  # what coverage does about it: "round started", "skipped: ...", "waiting: ..."
     coverage: str = NOT_COVERED  # what the rounds since the previous checkpoint say of it (COVERAGE)
+    job: str | None = None  # which job, when one watch follows several (watch --every-job)
 
     def to_json(self) -> dict[str, Any]:
-        return {"event": self.event, "time": round(self.time, 3), "path": self.path,
-                "written": round(self.written, 3), "coverage": self.coverage, "replay": self.replay}
+        out = {"event": self.event, "time": round(self.time, 3), "path": self.path,
+               "written": round(self.written, 3), "coverage": self.coverage, "replay": self.replay}
+        return out if self.job is None else {**out, "job": self.job}
 
     def text(self) -> str:
         return f"checkpoint {self.path} written, {COVERAGE[self.coverage]}; replay: {self.replay}"

@@ -73,16 +73,18 @@ class Watcher(Sessioned, EngineParts):
     can_replay = True  # the dashboard's `r` (replay_now says when it cannot start a round)
 
     def __init__(self, selector: str, config: WatchConfig | None = None, *, clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep, jitter: Jitter | None = None) -> None:
+                 sleep: Callable[[float], None] = time.sleep, jitter: Jitter | None = None,
+                 key: str | None = None) -> None:
         """``config``: how to follow the job, one value (watch/config.py; None: its defaults). ``jitter``:
-        each poll's wait, drawn around ``config.interval`` (probes/jitter.py; a seeded one in tests)."""
+        each poll's wait, drawn around ``config.interval`` (probes/jitter.py; a seeded one in tests).
+        ``key``: of the jobs the selector covers, that one only (job.job_keys; watch/node.py)."""
         self.config = config = config or WatchConfig()
         self.selector = selector
         self.session = Session(config.state_dir)  # sinks, snapshot, bundles: as for watch --cluster
         self.clock = clock
         self.sleep = sleep
         self.jitter = jitter or Jitter()
-        self.finder = RankFinder(selector, lambda sel: find_job(sel, config.topology), wait_ranks=config.wait_ranks)
+        self.finder = RankFinder(selector, lambda sel: find_job(sel, config.topology, key), wait_ranks=config.wait_ranks)
         # probes that must be attached before the ranks start (NCCL communicator creation)
         self.early = EarlyProbes(early_probes() if config.ebpf else [], lambda: selector_pids(selector))
         self.hang = HangWatch(config.stall_after)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -93,6 +94,21 @@ def load_bcc() -> tuple[ModuleType | None, str | None]:
         except Exception as e:  # ImportError, or libbcc.so missing (OSError)
             _BCC_ERROR = f"bcc not importable ({type(e).__name__}: {e}); {setup_hint()}"
     return _BCC, _BCC_ERROR
+
+
+# One compile at a time in this process: bcc's compiler (clang/LLVM in libbcc) is not safe to run from
+# two threads at once — it crashed the monitor (SIGSEGV) when two jobs' watches (watch --every-job), or a
+# watch's early NCCL probe and its collective probe, compiled together.
+_COMPILE = threading.Lock()
+
+
+def compile_program(bcc: ModuleType, text: str) -> Any:
+    """``bcc.BPF(text=...)``, one at a time (:data:`_COMPILE`), owned by us (:func:`owned`), and the
+    compiler's heap handed back afterwards (:func:`release_compile_heap`)."""
+    with _COMPILE:
+        bpf = owned(bcc.BPF(text=text.encode()))
+        release_compile_heap()
+    return bpf
 
 
 def release_compile_heap() -> None:
@@ -228,8 +244,7 @@ class BccProbe:
         self._ranks = {host_pid(r.pid): r.rank for r in job.ranks}
         self.text = self._render(job)
         try:
-            self._bpf = owned(bcc.BPF(text=self.text.encode()))
-            release_compile_heap()
+            self._bpf = compile_program(bcc, self.text)
             pids = self._bpf[b"pids"]
             for tgid, rank in self._ranks.items():
                 pids[pids.Key(tgid)] = pids.Leaf(rank)

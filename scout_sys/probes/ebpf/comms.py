@@ -47,12 +47,11 @@ from scout_sys.probes.ebpf._common import (
     Clock,
     attach_mode_reason,
     common_reason,
+    compile_program,
     detach_all,
     host_pid,
     load_bcc,
     mapped_libs,
-    owned,
-    release_compile_heap,
     render,
 )
 from scout_sys.probes.ebpf._elf import function_symbols
@@ -193,9 +192,8 @@ class CommProbe(BccProbe):
                                               "MAX_THREADS": self.max_threads})
             t0 = time.monotonic()
             try:
-                self._bpf = owned(bcc.BPF(text=self.text.encode()))
+                self._bpf = compile_program(bcc, self.text)
                 self.compile_s = time.monotonic() - t0
-                release_compile_heap()
                 for path, open_path, syms in found:
                     for sym, fn in FUNCS.items():
                         if sym in syms:
