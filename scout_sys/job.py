@@ -27,7 +27,6 @@ Python process of each rank is the rank.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -36,7 +35,16 @@ import psutil
 from scout_sys import launchers
 from scout_sys.errors import BadSelector, NoRanks, PermissionDenied, TargetGone
 from scout_sys.model import Job, Rank
-from scout_sys.rankenv import _Candidate, _candidate, _environ, _int, container_pid, denied_hint, key_label
+from scout_sys.rankenv import (
+    _Candidate,
+    _candidate,
+    _environ,
+    _int,
+    container_pid,
+    denied_hint,
+    host_name,
+    key_label,
+)
 
 __all__ = ["container_pid", "denied_hint", "find_job", "group_members", "with_layout", "_environ"]
 from scout_sys.text import ranks_text
@@ -139,7 +147,7 @@ def _build(cands: list[_Candidate], launcher: psutil.Process | None, selector: s
         raise BadSelector(f"--job {selector} covers {len(keys)} different jobs ({', '.join(keys)}); "
                           "select one of them by a rank's pid")
     ranks_c = _pick_ranks(cands)
-    host = socket.gethostname()
+    host = host_name()
     world = max(c.world_size for c in ranks_c)
     found = {c.rank for c in ranks_c}
     notes: list[str] = []

@@ -8,6 +8,7 @@ process in a container has a second one, :func:`container_pid`, which the job's 
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 
 import psutil
@@ -141,3 +142,9 @@ def key_label(key: str) -> str:
         slurm, _, ws = rest.rpartition(":")
         return f"{slurm}/{ws}" if slurm else f"world {ws}"
     return rest
+
+
+def host_name() -> str:
+    """This host's name in verdicts and metrics: ``SCOUT_SYS_HOST`` when set (a monitor in a pod: the
+    node's name, which the DaemonSet passes from the downward API), else the hostname."""
+    return os.environ.get("SCOUT_SYS_HOST") or socket.gethostname()

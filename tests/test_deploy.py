@@ -98,6 +98,18 @@ def test_the_daemonset_follows_any_job_on_the_node_with_the_mounts_ebpf_needs():
     port = {p["name"]: p["containerPort"] for p in c["ports"]}
     probe = c["readinessProbe"]["httpGet"]
     assert probe["path"] == "/metrics" and port[probe["port"]] == int(c["args"][c["args"].index("--prometheus") + 1])
+    assert c["livenessProbe"]["httpGet"] == probe
+    assert spec["automountServiceAccountToken"] is False  # privileged, and never calls the API: no token
+    # verdicts name the node: SCOUT_SYS_HOST from the downward API's spec.nodeName
+    node = next(e for e in c["env"] if e["name"] == "NODE_NAME")
+    assert node["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName" and env["SCOUT_SYS_HOST"] == "$(NODE_NAME)"
+    svc = next(d for d in docs if d["kind"] == "Service")
+    assert svc["spec"]["selector"] == ds["spec"]["selector"]["matchLabels"]
+    assert [p["targetPort"] for p in svc["spec"]["ports"]] == ["metrics"]
+    mon = next(d for d in docs if d["kind"] == "ServiceMonitor")
+    ep = mon["spec"]["endpoints"][0]
+    assert ep["port"] == "metrics" and ep["honorLabels"] is True
+    assert {r["targetLabel"] for r in ep["relabelings"]} == {"node", "pod"}
     assert c["securityContext"]["privileged"] is True
     assert c["resources"]["limits"]["memory"]
     # the image it runs has the node loop

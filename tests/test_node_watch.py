@@ -53,7 +53,8 @@ def _pids(sel: str) -> set[int]:
     return {p for p in env_pids(sel) if "python" in open(f"/proc/{p}/comm").read()}
 
 
-def test_two_jobs_with_torchruns_default_run_id_are_two_jobs(two_static_jobs):
+def test_two_jobs_with_torchruns_default_run_id_are_two_jobs(two_static_jobs, monkeypatch):
+    monkeypatch.setenv("SCOUT_SYS_HOST", "gpu-node-17")  # the DaemonSet's: the node's name, not the pod's
     keys = job_keys(two_static_jobs)
     assert sorted(keys.values()) == ["127.0.0.1:29601", "127.0.0.1:29602"], keys
     with pytest.raises(BadSelector, match="covers 2 different jobs"):
@@ -61,6 +62,7 @@ def test_two_jobs_with_torchruns_default_run_id_are_two_jobs(two_static_jobs):
     for key in keys:
         job = find_job(two_static_jobs, key=key)
         assert sorted(r.rank for r in job.ranks) == [0, 1] and job.missing == (), job
+        assert job.host == "gpu-node-17" and {r.host for r in job.ranks} == {"gpu-node-17"}
     a, b = (find_job(two_static_jobs, key=k) for k in keys)
     assert not {r.pid for r in a.ranks} & {r.pid for r in b.ranks}
 

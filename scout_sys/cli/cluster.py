@@ -56,19 +56,19 @@ def _agent_parser(sub) -> None:  # noqa: ANN001 - argparse's private subparsers 
 def _agent(args: argparse.Namespace) -> int:
     require("scout-sys agent", "cluster")  # the c10d store client is torch's
     import signal
-    import socket
     import threading
 
     from scout_sys.cluster.agent import Agent, AgentConfig
     from scout_sys.cluster.store import parse_addr
     from scout_sys.cluster.wire import read_token
+    from scout_sys.rankenv import host_name
     from scout_sys.watch.config import WatchConfig
 
     if args.node_rank != "auto" and not (args.node_rank.isascii() and args.node_rank.isdigit()):  # not "²"
         raise ScoutError(f"--node-rank {args.node_rank!r}: a number 0..N-1, or auto")
     config = AgentConfig(parse_addr(args.store), nnodes=args.nnodes,
                          node_rank=None if args.node_rank == "auto" else int(args.node_rank),
-                         host_name=args.host_name or socket.gethostname(), listen=args.listen,
+                         host_name=args.host_name or host_name(), listen=args.listen,
                          watch=WatchConfig(ebpf=args.ebpf, topology=args.topology))
     agent = Agent(args.job, config, token=read_token(args.token_file))
     stop = threading.Event()

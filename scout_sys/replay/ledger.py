@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Sequence
 from typing import Any
 
 from scout_sys.consensus.replay import DigestVerdict, SlowVerdict
 from scout_sys.model import DeviceRound, Job
+from scout_sys.rankenv import host_name
 
 CLEAN, SDC, INCONCLUSIVE, INCOMPLETE = "clean", "sdc", "inconclusive", "incomplete"
 CHECKPOINT, SEEN = "checkpoint", "seen"  # the watch's lines (``event``)
@@ -115,7 +115,7 @@ def alive(ident: dict[str, Any]) -> bool:
     """Whether the job of ``ident`` still runs on this host: its launcher (or first rank) has the
     same pid and start time (a reused pid starts later)."""
     pid, start = ident.get("pid", ident.get("launcher_pid")), ident.get("launcher_start")
-    if not pid or start is None or ident.get("host") != socket.gethostname():
+    if not pid or start is None or ident.get("host") != host_name():
         return False
     return start_time(int(pid)) == start
 
