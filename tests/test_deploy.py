@@ -13,6 +13,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -194,7 +195,11 @@ def _alive(pid: int) -> bool:
 
 def test_slurm_prolog_starts_a_waiting_watch_and_the_epilog_stops_it(tmp_path):
     job = f"t{os.getpid()}"
-    env = _env(tmp_path, job)
+    env = _env(tmp_path, job, SLURM_JOB_UID="65534")
+    (tmp_path / "log").mkdir()
+    old = tmp_path / "log" / "job-1.log"  # a log of a job weeks ago: the epilog cleans it up
+    old.write_text("old\n")
+    os.utime(old, (time.time() - 20 * 86400,) * 2)
     t0 = time.time()
     out = subprocess.run([str(DEPLOY / "slurm" / "prolog.sh")], env=env, capture_output=True, timeout=30, check=False)
     assert out.returncode == 0 and time.time() - t0 < 10, out  # the job's start is not held up
@@ -209,6 +214,9 @@ def test_slurm_prolog_starts_a_waiting_watch_and_the_epilog_stops_it(tmp_path):
         assert not _alive(pid), "the epilog stopped the watch"
         assert not (tmp_path / "run" / f"watch-{job}.pid").exists()
         _until(lambda: "watch stopped" in log.read_text(), 10, log.read_text())  # stopped cleanly, by SIGTERM
+        assert log.stat().st_uid == 65534  # the job's user reads its own verdict...
+        assert stat.S_IMODE((tmp_path / "log").stat().st_mode) == 0o711  # ...by name, listing no one else's
+        assert not old.exists()
     finally:
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
