@@ -35,6 +35,9 @@ def check_privilege() -> Check:
     if reason is None:
         who = "root" if os.geteuid() == 0 else "CAP_BPF+CAP_PERFMON"
         return Check("privileges", True, f"{who}: may load BPF programs and trace other processes")
+    if os.geteuid() != 0:  # the usual case: one line that says what to run
+        return Check("privileges", False, f"{_common.EBPF_NEEDS_ROOT}; this is uid {os.geteuid()}: run "
+                     "`sudo scout-sys doctor`, and diagnose / watch with sudo too (without root: docs/operations.md)")
     return Check("privileges", False, reason)
 
 
@@ -58,6 +61,9 @@ def check_tracefs() -> Check:
     reason = _common.debugfs_reason()
     if reason is None:
         return Check("debugfs/tracefs", True, str(_common.DEBUGFS_EVENTS.parent))
+    if _common.EBPF_NEEDS_ROOT in reason:  # mounted, only not readable as this user: privileges above says why
+        return Check("debugfs/tracefs", False, f"{_common.DEBUGFS_EVENTS.parent} mounted, readable by root only "
+                     "(mode 0700): see privileges")
     return Check("debugfs/tracefs", False, "not mounted: mount -t debugfs debugfs /sys/kernel/debug"
                  + ("; " + distro.setup_hint() if distro.source_checkout() else ""))
 

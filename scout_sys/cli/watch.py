@@ -216,6 +216,8 @@ def _watch(args: argparse.Namespace) -> int:
     quit_rc: int | None = None
     try:
         watcher.start()
+        if (off := ebpf_off_line(args.ebpf)) is not None:  # once, when the job (or the wait for it) is there
+            (held.append if dashboard else lambda m: print(m, file=sys.stderr, flush=True))(off)
         sinks.attach(watcher)
         if dashboard and (rc := _dashboard(watcher, stop)) is not None:
             # the terminal is back: give the prompt back too, and detach the probes behind it
@@ -311,6 +313,22 @@ def _every_job(args: argparse.Namespace, config: Any) -> int:
         return 1 if node.ever_opened else 0
     finally:
         node_sinks.close()
+
+
+def ebpf_off_line(wanted: bool) -> str | None:
+    """The one line a watch that wants the eBPF probes (the default) but may not load them says, with
+    diagnose's hint; None when they can load, or when --no-ebpf left them out."""
+    if not wanted:
+        return None
+    from scout_sys.errors import SUDO_HINT
+    from scout_sys.probes.ebpf._common import EBPF_NEEDS_ROOT, privilege_reason
+
+    if privilege_reason() is None:
+        return None
+    if os.geteuid() == 0:  # root without the capabilities: a container, or a unit's bounding set
+        return ("scout-sys: eBPF probes off: this root lacks CAP_SYS_ADMIN (or CAP_BPF+CAP_PERFMON): add it to "
+                "the container (--cap-add) or the unit's CapabilityBoundingSet=")
+    return f"scout-sys: eBPF probes off ({EBPF_NEEDS_ROOT}): {SUDO_HINT}; --no-ebpf leaves them out quietly"
 
 
 def _exit_now(rc: int) -> None:

@@ -52,9 +52,15 @@ def headers_reason() -> str | None:
     return f"no kernel headers at {build} (bcc compiles against them); {setup_hint()}"
 
 
+EBPF_NEEDS_ROOT = "eBPF needs root (or CAP_BPF+CAP_PERFMON)"
+
+
 def debugfs_reason() -> str | None:
-    if DEBUGFS_EVENTS.is_dir():
-        return None
+    try:
+        if DEBUGFS_EVENTS.is_dir():
+            return None
+    except PermissionError:  # mounted, but root's (mode 0700): not a missing mount, a missing privilege
+        return f"{DEBUGFS_EVENTS.parent} is root's (mode 0700): {EBPF_NEEDS_ROOT}: sudo scout-sys ..."
     return f"debugfs/tracefs not mounted at /sys/kernel/debug; {setup_hint()}"
 
 
