@@ -53,6 +53,10 @@ BACKING = 1.5
 # A real dp=2 x tp=2 straggler 62% busy (peers 5%) leaves its peers waiting ~55% of the time, at most
 # 5 of 13 samples about one window in six on a loaded host: under WAITED_MIN, never under this bar.
 BACKING_WAITED = 0.3
+# The share of its samples the group's median rank is found inside collectives in, from which the collectives
+# are where it waits, whatever place holds more samples (a 4x straggler's peers on a loaded host: ~45%;
+# the GPU shape's enqueue-only collectives: a sample now and then)
+COLL_USUAL = 0.25
 
 
 def never_waiting(job: Job, obs: Sequence[Observation], acts: Mapping[int, Any],
@@ -133,17 +137,35 @@ def _wait_place(per_rank: Sequence[Sequence[tuple]]) -> tuple:
     """Where the group waits: the place most ranks spend most of their samples at (each rank's own
     commonest place, then the most samples), every collective counted as one place. Counting samples
     alone picks a straggler's compute when it sits there every time while its peers' samples are spread
-    over collectives (at several sites) and that same compute (on a loaded host, half their samples)."""
+    over collectives (at several sites) and that same compute (on a loaded host, half their samples).
+    A group found inside collectives as a rule waits there, whatever the modes say."""
     def place(x: tuple) -> tuple:
         return ("coll",) if x[0] == "coll" else x
 
+    if _in_collectives_as_a_rule(per_rank):
+        return _commonest_collective(per_rank)
     modes = [max(ps, key=ps.count) for ps in ([place(x) for x in xs] for xs in per_rank)]  # ties: the first
-    keys = [x for xs in per_rank for x in xs]
     # counted once (a group is thousands of ranks); max keeps the first of equals, as over the lists
-    of_modes, of_keys, of_places = Counter(modes), Counter(keys), Counter(map(place, keys))
+    of_modes, of_places = Counter(modes), Counter(place(x) for xs in per_rank for x in xs)
     # a tie goes to the collectives: ranks inside one wait by definition, a place may be compute
     best = max(of_modes, key=lambda x: (of_modes[x], x == ("coll",), of_places[x]))
-    return max((k for k in of_keys if k[0] == "coll"), key=of_keys.__getitem__) if best == ("coll",) else best
+    return _commonest_collective(per_rank) if best == ("coll",) else best
+
+
+def _in_collectives_as_a_rule(per_rank: Sequence[Sequence[tuple]]) -> bool:
+    """The group's typical rank (the median) is found inside a collective in :data:`COLL_USUAL` of its
+    samples at least. A rank inside a collective waits by definition; a place outside one is a wait only
+    by inference (the GPU shape, where collectives only enqueue and are seldom caught). Without this, a
+    loaded host's peers that spend just over half their samples in the compute their straggler never
+    leaves make that compute "the common sync point" (CI: peers 7, 5, 8 of 13 in forward, 6, 8, 4 in the
+    all-reduce), and every rank then waits there all the time."""
+    shares = [sum(x[0] == "coll" for x in xs) / len(xs) for xs in per_rank if xs]
+    return bool(shares) and statistics.median(shares) >= COLL_USUAL
+
+
+def _commonest_collective(per_rank: Sequence[Sequence[tuple]]) -> tuple:
+    keys = Counter(x for xs in per_rank for x in xs if x[0] == "coll")
+    return max(keys, key=keys.__getitem__)
 
 
 def _backing(named: Mapping[int, Any], seen: Mapping[int, Any], loose: Mapping[int, tuple[float, int, str, int]],
