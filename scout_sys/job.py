@@ -81,6 +81,12 @@ def _launcher_kind(proc: psutil.Process | None) -> str:
         return "unknown"
     if "torchrun" in cmd or "torch.distributed.run" in cmd or "torch.distributed.launch" in cmd:
         return "torchrun"
+    words = [os.path.basename(w) for w in cmd.split(" ")]
+    # `accelerate launch` runs torchrun's agent in its own process; `deepspeed` starts deepspeed.launcher.launch
+    if any(w == "accelerate" and nxt == "launch" for w, nxt in zip(words, words[1:])):
+        return "accelerate"
+    if "deepspeed" in words[:3] or "deepspeed.launcher.launch" in words:
+        return "deepspeed"
     for word, kind in (("mpirun", "mpirun"), ("mpiexec", "mpirun"), ("prted", "mpirun"),
                        ("orted", "mpirun"), ("srun", "srun"), ("slurmstepd", "srun")):
         if word in name or word in cmd.split(" ")[0]:

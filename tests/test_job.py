@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from scout_sys import rankenv
@@ -162,3 +163,26 @@ def test_env_selector_matching_nothing_is_one_line_and_exit_2():
     assert len(lines) == 1 and "no rank process on this host has SLURM_JOB_ID=no-such-job" in lines[0], out.stderr
     if os.geteuid() == 0:
         assert "run as root" not in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(("argv", "kind"), [
+    (["accelerate", "launch", "--multi_gpu", "train.py"], "accelerate"),
+    (["deepspeed", "--num_gpus", "4", "train.py"], "deepspeed"),
+    (["train.py", "--launch"], "python"),
+])
+def test_the_launcher_is_named_from_its_command_line(tmp_path, argv, kind):
+    # `accelerate launch` runs torchrun's agent inside its own process and `deepspeed` is a Python script:
+    # both are python processes whose command line names them
+    from scout_sys.job import _launcher_kind
+
+    script = tmp_path / argv[0]
+    script.write_text("import time\ntime.sleep(30)\n")
+    p = subprocess.Popen([sys.executable, str(script), *argv[1:]])
+    try:
+        deadline = time.time() + 10
+        while len(psutil.Process(p.pid).cmdline()) < len(argv) + 1 and time.time() < deadline:
+            time.sleep(0.05)
+        assert _launcher_kind(psutil.Process(p.pid)) == kind
+    finally:
+        p.kill()
+        p.wait()
