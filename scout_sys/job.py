@@ -75,13 +75,14 @@ def _launcher_kind(proc: psutil.Process | None) -> str:
     if proc is None:
         return "explicit"
     try:
-        cmd = " ".join(proc.cmdline())
+        argv = proc.cmdline()
         name = proc.name()
     except psutil.Error:
         return "unknown"
+    cmd = " ".join(argv)
     if "torchrun" in cmd or "torch.distributed.run" in cmd or "torch.distributed.launch" in cmd:
         return "torchrun"
-    words = [os.path.basename(w) for w in cmd.split(" ")]
+    words = [os.path.basename(w) for w in argv]
     # `accelerate launch` runs torchrun's agent in its own process; `deepspeed` starts deepspeed.launcher.launch
     if any(w == "accelerate" and nxt == "launch" for w, nxt in zip(words, words[1:])):
         return "accelerate"
