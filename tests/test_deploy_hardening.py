@@ -83,14 +83,19 @@ def sandbox(settings: dict[str, list[str]], writable: list[str], caps: list[str]
         lines.append("findmnt -rn -o TARGET | while read -r t; do case \"$t\" in /sys|/sys/kernel/*) "
                      "mount -o remount,bind,ro \"$t\";; esac; done")
         lines.append("mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys")
-    for i, d in enumerate(rw):  # opened before PrivateTmp's tmpfs may hide them, then bound writable
+    # the checkout and its venv stand for the installed tree (/opt in a real unit): a clone under /tmp
+    # would vanish under PrivateTmp's tmpfs, so it is bound back in, read-only
+    tmp = ("/tmp/", "/var/tmp/")
+    keep = sorted({p for p in (str(ROOT), sys.prefix) if p.startswith(tmp)}) if _yes(settings, "PrivateTmp") else []
+    binds = [(d, "rw") for d in rw] + [(d, "ro") for d in keep]
+    for i, (d, _mode) in enumerate(binds):  # opened before PrivateTmp's tmpfs may hide them, then bound
         lines.append(f"exec {10 + i}<{shlex.quote(d)}")
     if _yes(settings, "PrivateTmp"):
         lines += ["mount -t tmpfs -o mode=1777 tmpfs /tmp", "mount -t tmpfs -o mode=1777 tmpfs /var/tmp"]
-    for i, d in enumerate(rw):
+    for i, (d, mode) in enumerate(binds):
         q = shlex.quote(d)
         lines += [f"mkdir -p {q} 2>/dev/null || true", f"mount --bind /proc/self/fd/{10 + i} {q}",
-                  f"mount -o remount,bind,rw {q}", f"exec {10 + i}<&-"]
+                  f"mount -o remount,bind,{mode} {q}", f"exec {10 + i}<&-"]
     setpriv = ["setpriv", "--bounding-set", ",".join(["-all", *(f"+{c}" for c in caps)]), "--inh-caps", "-all"]
     if _yes(settings, "NoNewPrivileges"):
         setpriv.append("--no-new-privs")

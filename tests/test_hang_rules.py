@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scout_sys.consensus import hang
-from scout_sys.model import Frame, Job, ProcSample, Rank, StackSample, ThreadStack
+from scout_sys.model import ExitRecord, Frame, Job, ProcSample, Rank, StackSample, ThreadStack
 
 T0 = 1_000_000.0
 C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
@@ -97,6 +97,42 @@ def test_exited_rank_with_code():
     incidents, _, _ = _analyze(_job(4), obs)
     assert [(i.kind, i.ranks) for i in incidents] == [("process_exit", (0,))]
     assert "exited with code 3" in incidents[0].summary
+
+
+# A job finishing: rank 0 ended with status 0 (its launcher reaped it at once: /proc saw it gone, the
+# exit probe saw the status) while rank 1 is still tearing down. Before, the window named rank 0
+# "process_exit (attributed)": the status the exit probe saw never reached the hang rules.
+_EXIT_AT = T0 + 0.5
+
+
+def _gone_rank0(**exit_kw):
+    return [*_rank_obs(0, stacks=SLEEPING, status="gone"),
+            ExitRecord(time=_EXIT_AT, rank=0, pid=1000, **exit_kw)]
+
+
+def test_a_rank_that_ended_with_0_while_its_peer_tears_down_is_no_incident():
+    teardown = [_stack(("destroy_process_group", C10D, 2100), ("<module>", TRAIN, 95)), SLEEPING] * 3
+    obs = _gone_rank0(exit_code=0, signal=None) + _rank_obs(1, stacks=teardown[:5], status="running", cpu_per_s=0.5)
+    incidents, acts, _ = _analyze(_job(2), obs)
+    assert incidents == [] and acts[0].exit_code == 0, incidents
+
+
+@pytest.mark.parametrize("exit_kw,said", [({"exit_code": 1, "signal": None}, "exited with code 1"),
+                                          ({"exit_code": None, "signal": 9}, "killed by SIGKILL")])
+def test_a_rank_the_exit_probe_saw_die_is_decisive_with_its_status(exit_kw, said):
+    obs = _gone_rank0(**exit_kw) + _rank_obs(1, stacks=SLEEPING, status="running", cpu_per_s=0.5)
+    incidents, _, _ = _analyze(_job(2), obs)
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("process_exit", "attributed", (0,))]
+    assert said in incidents[0].summary, incidents[0].summary
+
+
+def test_a_rank_that_left_with_0_while_a_majority_waits_for_it_is_still_the_origin():
+    obs = _gone_rank0(exit_code=0, signal=None)
+    for r in (1, 2, 3):
+        obs += _rank_obs(r, stacks=WAIT_AR)
+    incidents, _, _ = _analyze(_job(4), obs)
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("process_exit", "attributed", (0,))]
+    assert "exited with code 0" in incidents[0].summary
 
 
 def test_missing_rank_is_an_exit():

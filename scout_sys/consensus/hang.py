@@ -35,6 +35,7 @@ from scout_sys.model import (
     PROCESS_STALL,
     Activity,
     Evidence,
+    ExitRecord,
     Incident,
     Job,
     Observation,
@@ -145,15 +146,34 @@ def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSamp
 def activities(job: Job, obs: Sequence[Observation]) -> dict[int, Activity]:
     procs: dict[int, list[ProcSample]] = {}
     stacks: dict[int, list[StackSample]] = {}
+    exits: dict[int, ExitRecord] = {}
     for o in obs:
         if isinstance(o, ProcSample):
             procs.setdefault(o.rank, []).append(o)
         elif isinstance(o, StackSample) and not o.native:
             stacks.setdefault(o.rank, []).append(o)
-    out = {r.rank: summarize(r.rank, procs.get(r.rank, ()), stacks.get(r.rank, ())) for r in job.ranks}
+        elif isinstance(o, ExitRecord):
+            exits[o.pid] = o
+    out = {r.rank: _with_exit(summarize(r.rank, procs.get(r.rank, ()), stacks.get(r.rank, ())), exits)
+           for r in job.ranks}
     for m in job.missing:
         out[m] = Activity(rank=m, pid=None, state="exited")
     return out
+
+
+def _with_exit(a: Activity, exits: dict[int, ExitRecord]) -> Activity:
+    """An exited rank with its status from the exit probe (eBPF) when /proc did not catch it as a
+    zombie: a rank its launcher reaped at once is otherwise 'gone, exit code unknown'."""
+    e = exits.get(a.pid) if a.state == "exited" and a.pid is not None else None
+    if e is None or a.exit_code is not None or a.exit_signal is not None:
+        return a
+    return replace(a, exit_code=e.exit_code, exit_signal=e.signal)
+
+
+def ended_cleanly(a: Activity) -> bool:
+    """Exited with status 0 and no signal: a rank that finished, not a dead one. Not decisive on its own
+    (a job ends its ranks a moment apart); the origin still when a strict majority waits for it."""
+    return a.state == "exited" and a.exit_code == 0 and a.exit_signal is None
 
 
 def _who(job: Job, a: Activity) -> str:
@@ -306,7 +326,7 @@ def _analyze_group(job: Job, g: dict[int, Activity], window: tuple[float, float]
         # order, which only the lifecycle records (eBPF) can answer; /proc cannot.
         return [], [f"all {n} ranks have exited"]
     waiting = [a for a in g.values() if a.state == "waiting"]
-    decisive = [a for a in g.values() if a.state in DECISIVE]
+    decisive = [a for a in g.values() if a.state in DECISIVE and not ended_cleanly(a)]
     if decisive:
         # A stopped or dead rank is an incident on its own, whatever the others do yet.
         label = wait_phrase(waiting[0]) if waiting else "?"
