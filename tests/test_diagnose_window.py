@@ -7,7 +7,7 @@ import pytest
 
 from scout_sys.model import HANG, INCONCLUSIVE, Frame
 from scout_sys.monitor import too_short
-from tests.conftest import diagnose_json
+from tests.conftest import diagnose_json, wait_for
 from tests.test_hang_rules import SLEEPING, T0, TRAIN, WAIT_AR, _job, _rank_obs
 
 WINDOW = (T0, T0 + 4)
@@ -36,12 +36,25 @@ def test_a_rank_that_moved_or_ran_in_the_window_is_progress():
 
 
 @pytest.mark.slow
+def _asleep_in_the_step(pid: int) -> bool:
+    """A rank's main thread in the step's sleep (time.sleep: nanosleep), past its collectives."""
+    try:
+        env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        return not any(v.startswith(b"RANK=") for v in env) or \
+            open(f"/proc/{pid}/wchan").read() in ("hrtimer_nanosleep", "do_nanosleep")
+    except OSError:
+        return False
+
+
 def test_a_job_stepping_slower_than_the_window_is_an_inconclusive_hang_not_healthy(start_job):
-    # every rank sleeps 10 s per step: a 2 s window sees nobody move, as it would a hang. The window
-    # begins once diagnose has started (seconds on a loaded 2-core CI); with 6 s steps it sometimes
-    # reached the next step's collectives and saw them move (CI read "healthy" once)
-    job = start_job(4, args=["--step-time", "10", "--log-every", "1"])
-    job.wait_steps(2, timeout=90)
+    # every rank sleeps 60 s per step: a 2 s window sees nobody move, as it would a hang. diagnose
+    # waits for its eBPF probes before its window (clang: seconds, many on a loaded 2-core CI): with
+    # 10 s steps its window sometimes held the next step, whose ranks moved ("healthy", rightly). The
+    # window now begins within the first step's sleep, whatever the compile takes.
+    job = start_job(4, args=["--step-time", "60", "--log-every", "1"])
+    job.wait_for(r"SCOUT-DEMO start ", timeout=90)
+    wait_for(lambda: len(job.pids()) >= 5 and all(_asleep_in_the_step(p) for p in job.pids()), 60,
+             "every rank asleep in its first step")
     rc, d = diagnose_json(job.pid, window=2.0)
     assert rc == 1, d
     assert [(i["kind"], i["status"], i["ranks"]) for i in d["incidents"]] == [(HANG, INCONCLUSIVE, [])], d
