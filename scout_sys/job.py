@@ -19,6 +19,10 @@ here is the host's (``/proc``, py-spy and eBPF all use it), and :attr:`Rank.cont
 rank's pid inside its namespace (the last ``NSpid`` of ``/proc/PID/status``), as the job's own logs
 name it.
 
+PyTorch Lightning's own launcher (``python train.py`` with ``Trainer(strategy="ddp", devices=N)``):
+the script the user started is local rank 0 and the parent of the others, which carry LOCAL_RANK and
+NODE_RANK but no RANK (scout_sys/lightning_ranks.py numbers them; that script is the launcher).
+
 Ranks of one job share a job key (``TORCHELASTIC_RUN_ID``, else ``MASTER_ADDR:MASTER_PORT``).
 Helpers of a rank (DataLoader workers, compile workers) inherit its environment; the topmost
 Python process of each rank is the rank.
@@ -32,7 +36,7 @@ from dataclasses import replace
 
 import psutil
 
-from scout_sys import launchers
+from scout_sys import launchers, lightning_ranks
 from scout_sys.errors import BadSelector, NoRanks, PermissionDenied, TargetGone
 from scout_sys.model import Job, Rank
 from scout_sys.rankenv import (
@@ -145,6 +149,12 @@ def _zombie_children(launcher: psutil.Process | None) -> list[psutil.Process]:
 
 
 def _build(cands: list[_Candidate], launcher: psutil.Process | None, selector: str) -> Job:
+    cands, spawner, lightning_notes = lightning_ranks.number(cands)
+    if spawner is not None:  # the script the user started is rank 0 and its peers' parent: the job's launcher
+        try:
+            launcher = psutil.Process(spawner)
+        except psutil.NoSuchProcess:
+            launcher = None
     if not cands:
         raise NoRanks(f"no rank processes found for --job {selector} "
                       "(looked for RANK/WORLD_SIZE in the environment of the process and its descendants; "
@@ -157,7 +167,7 @@ def _build(cands: list[_Candidate], launcher: psutil.Process | None, selector: s
     host = host_name()
     world = max(c.world_size for c in ranks_c)
     found = {c.rank for c in ranks_c}
-    notes: list[str] = []
+    notes: list[str] = list(lightning_notes)
     # Which ranks live on this host: the launcher's own facts (scout_sys/launchers.py), never a guess
     place = launchers.placement((c.rank, c.world_size, c.env) for c in ranks_c)
     expected: set[int] = set(place.ranks or ())
@@ -209,7 +219,7 @@ def _build(cands: list[_Candidate], launcher: psutil.Process | None, selector: s
     return Job(
         ranks=ranks,
         world_size=world,
-        launcher=_launcher_kind(launcher),
+        launcher=lightning_ranks.LIGHTNING if spawner is not None else _launcher_kind(launcher),
         launcher_pid=launcher.pid if launcher else None,
         host=host,
         missing=missing,

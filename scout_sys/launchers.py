@@ -9,6 +9,10 @@ rank variable is the rank we number it by, answers for that rank):
   a node's workers contiguously).
 - **DeepSpeed's launcher**: ``LOCAL_SIZE`` with ``CROSS_RANK`` / ``CROSS_SIZE`` (its own variables),
   contiguous from ``RANK - LOCAL_RANK``; ``CROSS_SIZE=1``: every rank.
+- **PyTorch Lightning's launcher** (``python train.py`` that starts its other local ranks itself:
+  NODE_RANK and LOCAL_RANK, no RANK; scout_sys/lightning_ranks.py numbers them): a loopback
+  ``MASTER_ADDR`` (its default) is every rank; otherwise it never says how many ranks each node runs
+  (the Trainer's ``devices``, in the script), so nothing is said.
 - **Slurm** (``srun python train.py``): ``SLURM_PROCID``, ``SLURM_LOCALID`` and this node's task count
   from ``SLURM_STEP_TASKS_PER_NODE`` / ``SLURM_TASKS_PER_NODE`` (``4(x2)``, ``2(x3),1``) at
   ``SLURM_NODEID``, else ``SLURM_NTASKS_PER_NODE``; ``SLURM_NNODES=1``: every rank. Which ranks: only
@@ -106,6 +110,12 @@ def _deepspeed(env: Mapping[str, str], rank: int, world: int) -> Placement | Non
     return _block(rank, _int(env.get("LOCAL_RANK")), _int(env.get("LOCAL_SIZE")), "LOCAL_SIZE (deepspeed)")
 
 
+def _lightning(env: Mapping[str, str], rank: int, world: int) -> Placement | None:
+    if "RANK" in env or "NODE_RANK" not in env or "LOCAL_RANK" not in env:
+        return None
+    return _loopback(env, rank, world) or NOTHING
+
+
 def _slurm(env: Mapping[str, str], rank: int, world: int) -> Placement | None:
     if not _owns(env, "SLURM_PROCID", rank) or _int(env.get("SLURM_NTASKS")) not in (None, world):
         return None
@@ -165,6 +175,7 @@ def _loopback(env: Mapping[str, str], rank: int, world: int) -> Placement | None
 _FAMILIES: tuple[Callable[[Mapping[str, str], int, int], Placement | None], ...] = (
     _torchrun,
     _deepspeed,
+    _lightning,
     _slurm,
     _count_only("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "Open MPI"),
     _count_only("PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS", "MPICH/PMI"),

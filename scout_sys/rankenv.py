@@ -41,6 +41,9 @@ class _Candidate:
     is_python: bool
     name: str
     env: dict[str, str]
+    # "lightning": a child of PyTorch Lightning's own launcher, numbered by LOCAL_RANK until its parent
+    # (local rank 0, the script the user started) is found: job.lightning_ranks numbers it globally
+    family: str = ""
 
 
 def _int(v: str | None) -> int | None:
@@ -96,12 +99,15 @@ def _candidate(proc: psutil.Process) -> _Candidate | None:
         env = _environ(proc.pid)
         if not env or env.get("SCOUT_REPLAY_WORKER"):  # a replay worker carries its rank's environment
             return None
+        family = ""
         for rv, wv, lv in _RANK_VARS:  # noqa: B007 (lv is used after the loop)
             rank, ws = _int(env.get(rv)), _int(env.get(wv))
             if rank is not None and ws is not None and 0 <= rank < ws:
                 break
         else:
-            return None
+            if not is_lightning_child(env):
+                return None
+            rank, ws, lv, family = int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]), "LOCAL_RANK", "lightning"
         name = proc.name()
         try:
             exe = os.path.basename(proc.exe())
@@ -131,7 +137,18 @@ def _candidate(proc: psutil.Process) -> _Candidate | None:
         is_python="python" in exe.lower() or "python" in name.lower(),
         name=name,
         env=env,
+        family=family,
     )
+
+
+def is_lightning_child(env: dict[str, str]) -> bool:
+    """A process PyTorch Lightning's launcher started (``_SubprocessScriptLauncher``: the script the user
+    ran is local rank 0 and starts a copy of itself per other local rank, with MASTER_ADDR/PORT,
+    NODE_RANK, LOCAL_RANK 1..n-1 and WORLD_SIZE, and no RANK)."""
+    if "RANK" in env or not all(k in env for k in ("MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")):
+        return False
+    local, node, world = _int(env["LOCAL_RANK"]), _int(env["NODE_RANK"]), _int(env["WORLD_SIZE"])
+    return local is not None and node is not None and world is not None and 0 < local < world and node >= 0
 
 
 def key_label(key: str) -> str:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from scout_sys.demo.launch import DemoJob
@@ -149,16 +150,20 @@ def job_with_go_file(tmp_path_factory, name: str, args, nproc: int = 4, **kw):
 
 
 def _rank_pids(job: DemoJob) -> list[int]:
-    """The job's rank processes (and helpers they forked): its processes that carry RANK."""
+    """The job's rank processes (and helpers they forked): its processes that carry RANK, and those
+    of Lightning's launcher: the children that carry LOCAL_RANK only, and their parent (local rank 0)."""
     out = []
     for p in job.pids():
         try:
             with open(f"/proc/{p}/environ", "rb") as f:
-                if any(v.startswith(b"RANK=") for v in f.read().split(b"\0")):
-                    out.append(p)
-        except OSError:
+                env = f.read().split(b"\0")
+            if any(v.startswith(b"RANK=") for v in env):
+                out.append(p)
+            elif any(v.startswith(b"LOCAL_RANK=") for v in env) and any(v.startswith(b"NODE_RANK=") for v in env):
+                out += [p, psutil.Process(p).ppid()]
+        except (OSError, psutil.Error):
             continue
-    return out
+    return sorted(set(out))
 
 
 def _main_ran_ns(pid: int) -> int | None:

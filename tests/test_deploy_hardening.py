@@ -84,18 +84,26 @@ def sandbox(settings: dict[str, list[str]], writable: list[str], caps: list[str]
                      "mount -o remount,bind,ro \"$t\";; esac; done")
         lines.append("mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys")
     # the checkout and its venv stand for the installed tree (/opt in a real unit): a clone under /tmp
-    # would vanish under PrivateTmp's tmpfs, so it is bound back in, read-only
-    tmp = ("/tmp/", "/var/tmp/")
-    keep = sorted({p for p in (str(ROOT), sys.prefix) if p.startswith(tmp)}) if _yes(settings, "PrivateTmp") else []
+    # would vanish under PrivateTmp's tmpfs, so it shows through it, read-only
+    private = _yes(settings, "PrivateTmp")
+    hidden = {p for p in (str(ROOT), sys.prefix) if p.startswith("/tmp/")} if private else set()
+    keep = sorted(p for p in hidden if not any(p.startswith(q + "/") for q in hidden))  # the venv in the checkout: once
     binds = [(d, "rw") for d in rw] + [(d, "ro") for d in keep]
-    for i, (d, _mode) in enumerate(binds):  # opened before PrivateTmp's tmpfs may hide them, then bound
-        lines.append(f"exec {10 + i}<{shlex.quote(d)}")
-    if _yes(settings, "PrivateTmp"):
-        lines += ["mount -t tmpfs -o mode=1777 tmpfs /tmp", "mount -t tmpfs -o mode=1777 tmpfs /var/tmp"]
-    for i, (d, mode) in enumerate(binds):
+    if private:
+        # the fresh /tmp is built aside (/dev/shm stays writable), what must show through it bound in by
+        # path while the real one is still in view, then moved over /tmp (a bind made after the tmpfs
+        # would resolve its source there: an empty folder)
+        stage = "/dev/shm/scout-sandbox-tmp"
+        lines += [f"mkdir -p {stage}", f"mount -t tmpfs -o mode=1777 tmpfs {stage}"]
+        for d, mode in binds:
+            if d.startswith("/tmp/"):
+                q, dst = shlex.quote(d), shlex.quote(stage + d[len("/tmp"):])
+                lines += [f"mkdir -p {dst}", f"mount --bind {q} {dst}", f"mount -o remount,bind,{mode} {dst}"]
+        lines += [f"mount -n --move {stage} /tmp", "mount -t tmpfs -o mode=1777 tmpfs /var/tmp"]
+        binds = [(d, m) for d, m in binds if not d.startswith("/tmp/")]
+    for d, mode in binds:
         q = shlex.quote(d)
-        lines += [f"mkdir -p {q} 2>/dev/null || true", f"mount --bind /proc/self/fd/{10 + i} {q}",
-                  f"mount -o remount,bind,{mode} {q}", f"exec {10 + i}<&-"]
+        lines += [f"mount --bind {q} {q}", f"mount -o remount,bind,{mode} {q}"]
     setpriv = ["setpriv", "--bounding-set", ",".join(["-all", *(f"+{c}" for c in caps)]), "--inh-caps", "-all"]
     if _yes(settings, "NoNewPrivileges"):
         setpriv.append("--no-new-privs")

@@ -35,7 +35,6 @@ def test_a_rank_that_moved_or_ran_in_the_window_is_progress():
     assert too_short(_job(4), ran, WINDOW) is None  # rank 3's main thread ran inside the window
 
 
-@pytest.mark.slow
 def _asleep_in_the_step(pid: int) -> bool:
     """A rank's main thread in the step's sleep (time.sleep: nanosleep), past its collectives."""
     try:
@@ -46,6 +45,7 @@ def _asleep_in_the_step(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_a_job_stepping_slower_than_the_window_is_an_inconclusive_hang_not_healthy(start_job):
     # every rank sleeps 60 s per step: a 2 s window sees nobody move, as it would a hang. diagnose
     # waits for its eBPF probes before its window (clang: seconds, many on a loaded 2-core CI): with

@@ -425,3 +425,41 @@ def test_common_mode_whose_collective_sequence_moves_is_a_long_step_not_a_hang()
         obs += _rank_obs(r, stacks=SPIN_A, status="running", main_cpu_per_s=0.95, cpu_per_s=1.0)
     incidents, _, notes = _analyze(_remote_job(), obs + [_coll(r, T0 + 2) for r in range(2)])
     assert incidents == [] and any("a long step, not a hang" in n for n in notes), notes
+
+
+# DDP seen from one host of a multi-node job (PyTorch Lightning's, or any DDP trainer): the local ranks
+# all sit in backward, off CPU, while a rank on another node hangs. Before, "every rank in backward" said
+# nothing whatever the collective probe saw, and the watch never opened the common-mode hang.
+@pytest.mark.parametrize("entered,want", [
+    (T0 - 3, [("hang", "inconclusive", ())]),  # no collective began or ended in the window: a measured wait
+    (T0 + 2, []),  # a gradient all-reduce began inside the window: a long backward, nothing to say
+])
+def test_ranks_in_backward_whose_collectives_stopped_wait_for_a_rank_elsewhere(entered, want):
+    obs = []
+    for r in range(2):
+        obs += [*_rank_obs(r, stacks=BACKWARD), _coll(r, entered)]
+    incidents, _, _ = _analyze(_remote_job(), obs)
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == want, incidents
+    if want:
+        assert "ranks 2-3 on other hosts, not observed here" in incidents[0].summary, incidents[0].summary
+
+
+def test_every_rank_in_backward_without_the_collective_probe_says_nothing():
+    obs = []
+    for r in range(2):
+        obs += _rank_obs(r, stacks=BACKWARD)
+    assert _analyze(_remote_job(), obs)[0] == []
+
+
+@pytest.mark.parametrize("asleep,want", [(40.0, [("hang", "inconclusive", ())]), (10.0, [])])
+def test_ranks_in_backward_whose_main_thread_slept_half_a_minute_wait_without_ebpf(asleep, want):
+    # without the collective probe: a main thread asleep in backward for 40 s is blocked on a collective
+    # (no healthy backward keeps its caller asleep that long); 10 s may be a long GPU backward
+    from dataclasses import replace
+
+    obs = []
+    for r in range(2):
+        obs += [replace(o, main_last_ran=T0 + 4 - asleep) if isinstance(o, ProcSample) else o
+                for o in _rank_obs(r, stacks=BACKWARD)]
+    incidents, _, _ = _analyze(_remote_job(), obs)
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == want, incidents

@@ -186,3 +186,45 @@ def test_the_launcher_is_named_from_its_command_line(tmp_path, argv, kind):
     finally:
         p.kill()
         p.wait()
+
+
+_LIGHTNING_LIKE = """import os, subprocess, sys, time
+world = sys.argv[1]
+if "LOCAL_RANK" not in os.environ:  # the script the user started: local rank 0, as Lightning's launcher does it
+    for i in (1, 2):
+        subprocess.Popen([sys.executable, os.path.abspath(sys.argv[0])] + sys.argv[1:],
+                         env={**os.environ, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "NODE_RANK": "1",
+                              "WORLD_SIZE": world, "LOCAL_RANK": str(i)})
+elif os.environ["LOCAL_RANK"] == "1":  # a helper of a rank (a DataLoader worker): its environment, no rank of its own
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("world", ["6", "4"])
+def test_lightning_launcher_ranks_are_numbered_from_the_node_or_not_at_all(tmp_path, world):
+    # node 1 of a Lightning job, 3 local ranks: global ranks 3-5 when WORLD_SIZE=6; with WORLD_SIZE=4
+    # the 3 local ranks seen do not divide it (a child gone?): no rank can be numbered, none is named
+    from scout_sys.errors import NoRanks
+    from scout_sys.job import find_job
+
+    script = tmp_path / "train.py"
+    script.write_text(_LIGHTNING_LIKE)
+    p = subprocess.Popen([sys.executable, str(script), world], start_new_session=True)
+    try:
+        deadline = time.time() + 20
+        while len(psutil.Process(p.pid).children(recursive=True)) < 3 and time.time() < deadline:
+            time.sleep(0.05)
+        if world == "4":
+            with pytest.raises(NoRanks, match="does not divide WORLD_SIZE=4"):
+                find_job(str(p.pid))
+            return
+        job = find_job(str(p.pid))
+        kids = sorted(c.pid for c in psutil.Process(p.pid).children())
+        assert job.launcher == "lightning" and job.launcher_pid == p.pid, job
+        assert sorted((r.rank, r.pid) for r in job.ranks) == [(3, p.pid), (4, kids[0]), (5, kids[1])], job.ranks
+        assert job.missing == () and job.remote == (0, 1, 2), job  # MASTER_ADDR on the network: nothing said
+        assert find_job(str(kids[1])).ranks == job.ranks  # a child's pid selects the same job
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()

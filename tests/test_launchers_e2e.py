@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.slow,
                                  reason="namespaces need root, unshare and nsenter (util-linux)")]
 
 STEP = os.path.join(JOBS, "step_like.py")
+LIGHTNING = os.path.join(JOBS, "lightning_job.py")
 
 
 class TwoNodes:
@@ -53,7 +54,11 @@ class TwoNodes:
         self.nodes = []
         for k, name in enumerate(self.names):
             job = DemoJob(per_node)
-            if family == "deepspeed":  # the per-node launcher `deepspeed` runs on each host (pdsh)
+            if family == "lightning":  # `python train.py` on each node, NODE_RANK and the master set by hand
+                node = ["env", f"NODE_RANK={k}", f"MASTER_ADDR={self.names[0]}", f"MASTER_PORT={port}",
+                        sys.executable, LIGHTNING, "--devices", str(per_node), "--num-nodes", "2",
+                        *train[2:]]
+            elif family == "deepspeed":  # the per-node launcher `deepspeed` runs on each host (pdsh)
                 info = json.dumps({n: list(range(per_node)) for n in self.names}).encode()
                 node = [sys.executable, "-m", "deepspeed.launcher.launch",
                         f"--world_info={base64.urlsafe_b64encode(info).decode()}", f"--node_rank={k}",
@@ -67,7 +72,7 @@ class TwoNodes:
             self.nodes.append(job)
         # diagnose by the job's variables (an agent beside the job), or by the launcher process (PID 1 in there)
         self.selector = {"slurm": f"env:SLURM_JOB_ID={self.jobid}", "ompi": f"env:SCOUT_TEST_MPI_JOB={self.jobid}",
-                         "deepspeed": "1"}[family]
+                         "deepspeed": "1", "lightning": "1"}[family]
 
     def __enter__(self) -> TwoNodes:
         for job in self.nodes:
@@ -124,15 +129,19 @@ def _opened(w: WatchCli) -> list[str]:
 
 
 # A hang on node 0 is named by a strict majority of its ranks that wait for it: three ranks a node
-LOCAL = {"slurm": 1, "ompi": 2, "deepspeed": 1}  # on node 0: block (0, 1, 2) / --map-by node (0, 2, 4)
-REMOTE = {"slurm": 3, "ompi": 1, "deepspeed": 3}  # on node 1
-NODE0 = {"slurm": {0, 1}, "ompi": {0, 2}, "deepspeed": {0, 1}}  # of two ranks a node
+# (lightning: node 0's local rank 1 is a child of the script, node 1's rank 3 too)
+LOCAL = {"slurm": 1, "ompi": 2, "deepspeed": 1, "lightning": 1}  # on node 0: block (0, 1, 2) / --map-by node (0, 2, 4)
+REMOTE = {"slurm": 3, "ompi": 1, "deepspeed": 3, "lightning": 3}  # on node 1
+NODE0 = {"slurm": {0, 1}, "ompi": {0, 2}, "deepspeed": {0, 1}, "lightning": {0, 1}}  # of two ranks a node
 HOW = {"slurm": "2 ranks expected on this host (SLURM_TASKS_PER_NODE at SLURM_NODEID",
        "ompi": "2 ranks live on this host (OMPI_COMM_WORLD_LOCAL_SIZE",
-       "deepspeed": "2 ranks expected on this host (LOCAL_SIZE (deepspeed))"}
+       "deepspeed": "2 ranks expected on this host (LOCAL_SIZE (deepspeed))",
+       # Lightning's launcher never says how many ranks a node runs: the numbering is said, and node 1's not observed
+       "lightning": "is local rank 0 of node 0 and started local ranks 1-1; global rank = NODE_RANK x 2 + LOCAL_RANK"}
+FAMILIES = ["slurm", "ompi", "deepspeed", "lightning"]
 
 
-@pytest.mark.parametrize("family", ["slurm", "ompi", "deepspeed"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_a_healthy_job_has_no_incident_on_its_master_node(tmp_path, family):
     with TwoNodes(tmp_path, family) as job:
         w = job.watch(tmp_path)
@@ -151,7 +160,7 @@ def test_a_healthy_job_has_no_incident_on_its_master_node(tmp_path, family):
     assert any(HOW[family] in n for n in d["notes"]), d["notes"]
 
 
-@pytest.mark.parametrize("family", ["slurm", "ompi", "deepspeed"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_a_hang_on_node_0_is_named(tmp_path, family):
     rank = LOCAL[family]
     with TwoNodes(tmp_path, family, fault="hang", fault_rank=rank, fault_step=40, per_node=3) as job:
@@ -169,7 +178,7 @@ def test_a_hang_on_node_0_is_named(tmp_path, family):
     assert all(i["kind"] != PROCESS_EXIT for i in d["incidents"]), d["incidents"]
 
 
-@pytest.mark.parametrize("family", ["slurm", "ompi", "deepspeed"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_a_hang_on_node_1_is_never_blamed_on_node_0(tmp_path, family):
     rank = REMOTE[family]
     with TwoNodes(tmp_path, family, fault="hang", fault_rank=rank, fault_step=40) as job:

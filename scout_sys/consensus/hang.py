@@ -23,7 +23,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
-from scout_sys.consensus import c3, commonmode, waitresolve
+from scout_sys.consensus import c3, commonmode, desync, waitresolve
 from scout_sys.consensus import groups as peer_groups
 from scout_sys.consensus.patterns import collective_of
 from scout_sys.model import (
@@ -240,6 +240,7 @@ def analyze_activities(job: Job, acts: dict[int, Activity], *, window: tuple[flo
     """:func:`analyze` from per-rank activities already summarised (e.g. by the agent on each host).
     ``obs`` may carry the learned process groups (probes/pgroups.py) for the wait-for graph."""
     notes: list[str] = []
+    acts = _measured_waits(acts, obs, window)
     groups, layout = job.groups(), job.layout or "peer groups given with the job"
     if not job.peer_groups:  # layout unknown: group by the shape of activity (consensus/groups.py)
         groups, why = peer_groups.by_activity(acts, groups[0])
@@ -257,6 +258,31 @@ def analyze_activities(job: Job, acts: dict[int, Activity], *, window: tuple[flo
     # A common mode: what still moves tells it from a long healthy step (consensus/commonmode.py).
     incidents, cm_notes = commonmode.review(job, incidents, acts, obs, window)
     return incidents, acts, notes + nts + wf_notes + cm_notes
+
+
+# A main thread that has not run for this long in a framework's wait (/proc: se.exec_start) is blocked
+# on a collective, not waiting for its device's backward: no healthy backward keeps the caller asleep for
+# half a minute. The measure without eBPF (non-root, a monitor in its own PID namespace).
+BLOCKED_LONG = 30.0
+
+
+def _measured_waits(acts: dict[int, Activity], obs: Sequence[Observation],
+                    window: tuple[float, float]) -> dict[int, Activity]:
+    """A rank waiting in a framework's frame that only issues collectives (DDP's backward, whose
+    gradient all-reduces run from autograd hooks) is inside a collective when the collective probe
+    (eBPF) saw it neither begin nor end one during the whole window, or when its main thread has not
+    run for :data:`BLOCKED_LONG` seconds: a wait measured, as direct as a collective frame. Without that measure, every rank in backward together stays a long step as often
+    as a hang (the GPU's backward runs off the main thread) and says nothing."""
+    last = desync.last_progress(obs)
+    out = {}
+    for r, a in acts.items():
+        w = a.wait
+        if a.state == "waiting" and w is not None and not w.direct and (
+                (r in last and last[r] < window[0])
+                or (a.last_ran is not None and window[1] - a.last_ran >= BLOCKED_LONG)):
+            a = replace(a, wait=replace(w, direct=True))
+        out[r] = a
+    return out
 
 
 def _since(acts: Sequence[Activity], default: float) -> float:
