@@ -59,3 +59,17 @@ def test_nvml_absent_is_not_a_failure() -> None:
     c = doctor.check_nvml()
     if not c.ok:
         assert not c.needed and "GPU signals off" in c.detail
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a PID namespace of one's own needs root (unshare --pid)")
+def test_a_monitor_in_a_pid_namespace_of_its_own_attaches_no_probe() -> None:
+    # nsenter into a node's namespace, or a container without --pid=host: /proc's pids are the
+    # namespace's, the probes' the kernel's; no record would ever match a rank
+    from scout_sys.probes.ebpf._common import pidns_reason
+
+    assert pidns_reason() is None  # the host's own namespace (as CI and the tests run)
+    code = "from scout_sys.probes.ebpf._common import common_reason; print(common_reason())"
+    out = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert "PID namespace of its own" in out.stdout and "--pid=host" in out.stdout, out.stdout

@@ -45,6 +45,23 @@ def privilege_reason() -> str | None:
     return "needs root or CAP_BPF+CAP_PERFMON: sudo scout-sys ..."
 
 
+PROC_PID_INIT_INO = 0xEFFFFFFC  # the kernel's initial PID namespace (include/linux/proc_ns.h)
+
+
+def pidns_reason(ns_link: str = "/proc/self/ns/pid") -> str | None:
+    """None when this process sees the kernel's own pids. In a PID namespace of its own (a container
+    without --pid=host, nsenter into a node's namespace) /proc numbers the ranks as that namespace does
+    while the probes see the kernel's pids: no record would ever match a rank, so none is attached."""
+    try:
+        ino = os.stat(ns_link).st_ino
+    except OSError:
+        return None
+    if ino == PROC_PID_INIT_INO:
+        return None
+    return ("the monitor runs in a PID namespace of its own, where /proc's pids are not the kernel's that eBPF "
+            "sees: run it in the host's PID namespace (--pid=host, hostPID: true)")
+
+
 def headers_reason() -> str | None:
     build = Path("/lib/modules") / os.uname().release / "build"
     if (build / "include").is_dir():
@@ -131,7 +148,7 @@ def release_compile_heap() -> None:
 
 def common_reason() -> str | None:
     """Why no eBPF probe can run here, or None."""
-    for check in (privilege_reason, headers_reason, debugfs_reason):
+    for check in (privilege_reason, pidns_reason, headers_reason, debugfs_reason):
         reason = check()
         if reason:
             return reason
