@@ -147,3 +147,17 @@ def test_close_stops_a_real_session_and_leaves_no_worker(start_job):
     assert time.time() - t < 10
     assert workers_of(job) == [] and part.step(1.0, []) == [] and part.last is None
     assert os.path.exists(f"/proc/{job.pid}")
+
+
+def test_a_checkpoints_coverage_is_the_rounds_since_the_previous_one_in_its_folder():
+    # rank 0 rewrote a scratch file in /tmp a moment before its checkpoint: the scratch file took the
+    # clean round, and the checkpoint was "not covered" (CI read so once); certify reads coverage
+    # per folder (the newest older sibling), so does the watch now
+    from scout_sys.replay import ledger
+    from scout_sys.replay.live import COVERED, NOT_COVERED
+
+    part = ReplayPart(J, runner=lambda *a, **k: result(), state_dir="/tmp/s")
+    part._rounds.append((10.0, ledger.CLEAN))
+    assert part._coverage_of("/tmp/scratch.bin", 11.0) == COVERED
+    assert part._coverage_of("/ckpts/step_60.pt", 11.1) == COVERED  # the round since its folder's previous
+    assert part._coverage_of("/ckpts/step_120.pt", 14.0) == NOT_COVERED  # no round since step_60

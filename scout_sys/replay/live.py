@@ -105,7 +105,11 @@ class ReplayPart:
         self.events: list[CheckpointEvent] = []  # checkpoint_written events, taken by the watch
         self.skipped = 0
         self._ident: dict[str, Any] | None = None
-        self._since: list[tuple[float, str]] = []  # (session end, round result) not yet before a checkpoint
+        # (session end, round result) of the recent rounds, and per folder when its newest checkpoint was
+        # written: a checkpoint's coverage is the rounds since the previous one in its folder, as certify
+        # reads it (the newest older sibling); another folder's file (a scratch file) takes none of them
+        self._rounds: deque[tuple[float, str]] = deque(maxlen=256)
+        self._newest: dict[str, float] = {}
         self._ended_wall = 0.0  # when the last session ended (unix s)
 
     def ident(self) -> dict[str, Any]:
@@ -161,8 +165,8 @@ class ReplayPart:
                 self.last, self.last_error = res, None
                 self.recent.extend(res.rounds)
                 ends = res.ended or (self._ended_wall,) * len(res.rounds)  # the ledger's times
-                self._since += [(end, ledger.result_of(self.job, rnd, dv)[1])
-                                for end, rnd, dv in zip(ends, res.rounds, res.digests)]
+                self._rounds.extend((end, ledger.result_of(self.job, rnd, dv)[1])
+                                    for end, rnd, dv in zip(ends, res.rounds, res.digests))
                 note = Evidence("replay", f"replay round started for: {reason}")
                 out = [replace(i, evidence=i.evidence + (note,)) for i in res.diagnosis.incidents
                        if i.kind in (SDC, STRAGGLER)]
@@ -184,10 +188,10 @@ class ReplayPart:
         if now >= self._next_spy:
             self._next_spy = now + SPY_EVERY
             wall = time.time()
-            for path, t in self.spy.scan(settled=wall - SETTLE):
+            for path, t in sorted(self.spy.scan(settled=wall - SETTLE), key=lambda pt: pt[1]):
                 self._pending = (path, t)
                 self._note(ledger.CHECKPOINT, t, seen=round(wall, 3), checkpoint=os.path.abspath(path))
-                self.events.append(CheckpointEvent("checkpoint_written", now, path, t, self._plan(), self._coverage_of(t)))
+                self.events.append(CheckpointEvent("checkpoint_written", now, path, t, self._plan(), self._coverage_of(path, t)))
         if self._pending is None or self.running or self._done is not None:
             return
         why = self._plan()
@@ -198,11 +202,13 @@ class ReplayPart:
             self.skipped += 1
             self._pending = None  # said so in its event; the next checkpoint gets the next chance
 
-    def _coverage_of(self, t: float) -> str:
-        """The coverage of a checkpoint written at ``t``, from the rounds that ended after the previous
-        one and before it (then forgotten: they are the previous checkpoint's no more)."""
-        since = [r for end, r in self._since if end <= t]
-        self._since = [(end, r) for end, r in self._since if end > t]
+    def _coverage_of(self, path: str, t: float) -> str:
+        """The coverage of checkpoint ``path`` written at ``t``, from the rounds that ended after the
+        previous checkpoint in its folder and before it."""
+        folder = os.path.dirname(os.path.abspath(path))
+        prev = self._newest.get(folder, float("-inf"))
+        self._newest[folder] = max(prev, t)
+        since = [r for end, r in self._rounds if prev < end <= t]
         for bad in (ledger.SDC, ledger.INCONCLUSIVE):
             if bad in since:
                 return bad
