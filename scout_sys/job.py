@@ -40,6 +40,7 @@ from scout_sys import launchers, lightning_ranks
 from scout_sys.errors import BadSelector, NoRanks, PermissionDenied, TargetGone
 from scout_sys.model import Job, Rank
 from scout_sys.rankenv import (
+    LIGHTNING,
     _Candidate,
     _candidate,
     _environ,
@@ -219,7 +220,7 @@ def _build(cands: list[_Candidate], launcher: psutil.Process | None, selector: s
     return Job(
         ranks=ranks,
         world_size=world,
-        launcher=lightning_ranks.LIGHTNING if spawner is not None else _launcher_kind(launcher),
+        launcher=LIGHTNING if spawner is not None else _launcher_kind(launcher),
         launcher_pid=launcher.pid if launcher else None,
         host=host,
         missing=missing,

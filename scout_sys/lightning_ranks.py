@@ -28,9 +28,7 @@ from dataclasses import replace
 import psutil
 
 from scout_sys.errors import NoRanks
-from scout_sys.rankenv import _Candidate
-
-LIGHTNING = "lightning"
+from scout_sys.rankenv import LIGHTNING, _Candidate
 
 
 def _script_args(argv: list[str]) -> tuple[str, list[str]] | None:
@@ -61,7 +59,8 @@ def number(cands: list[_Candidate]) -> tuple[list[_Candidate], int | None, list[
     if not kids:
         return cands, None, []
     rest = [c for c in cands if c.family != LIGHTNING]
-    kids = [c for c in kids if c.ppid not in {k.pid for k in kids}]  # a rank's helpers (DataLoader workers)
+    kid_pids = {c.pid for c in kids}
+    kids = [c for c in kids if c.ppid not in kid_pids]  # not a rank's helpers (DataLoader workers)
     by_parent: dict[tuple[str, int], list[_Candidate]] = {}
     for c in kids:
         by_parent.setdefault((c.key, c.ppid), []).append(c)

@@ -19,6 +19,10 @@ from scout_sys.errors import SUDO_HINT, PermissionDenied
 # several nodes): every such job carries it, so it tells no two jobs apart; their master address does.
 NO_RUN_ID = "none"
 
+# _Candidate.family of a child of PyTorch Lightning's own launcher (scout_sys/lightning_ranks.py), and the
+# job's launcher kind then
+LIGHTNING = "lightning"
+
 # (rank, world size, local rank) variables by launcher family, in order of preference.
 _RANK_VARS = (
     ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
@@ -41,8 +45,8 @@ class _Candidate:
     is_python: bool
     name: str
     env: dict[str, str]
-    # "lightning": a child of PyTorch Lightning's own launcher, numbered by LOCAL_RANK until its parent
-    # (local rank 0, the script the user started) is found: job.lightning_ranks numbers it globally
+    # LIGHTNING: a child of PyTorch Lightning's own launcher, numbered by LOCAL_RANK until its parent
+    # (local rank 0, the script the user started) is found: lightning_ranks.number numbers it globally
     family: str = ""
 
 
@@ -107,7 +111,7 @@ def _candidate(proc: psutil.Process) -> _Candidate | None:
         else:
             if not is_lightning_child(env):
                 return None
-            rank, ws, lv, family = int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]), "LOCAL_RANK", "lightning"
+            rank, ws, lv, family = int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]), "LOCAL_RANK", LIGHTNING
         name = proc.name()
         try:
             exe = os.path.basename(proc.exe())

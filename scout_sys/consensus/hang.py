@@ -271,8 +271,12 @@ def _measured_waits(acts: dict[int, Activity], obs: Sequence[Observation],
     """A rank waiting in a framework's frame that only issues collectives (DDP's backward, whose
     gradient all-reduces run from autograd hooks) is inside a collective when the collective probe
     (eBPF) saw it neither begin nor end one during the whole window, or when its main thread has not
-    run for :data:`BLOCKED_LONG` seconds: a wait measured, as direct as a collective frame. Without that measure, every rank in backward together stays a long step as often
-    as a hang (the GPU's backward runs off the main thread) and says nothing."""
+    run for :data:`BLOCKED_LONG` seconds: a wait measured, as direct as a collective frame. Without
+    that measure, every rank in backward together stays a long step as often as a hang (the GPU's
+    backward runs off the main thread) and says nothing. (The eBPF records are read only when some
+    rank waits in such a frame: a pass over every observation saved on every other decision.)"""
+    if not any(a.state == "waiting" and a.wait is not None and not a.wait.direct for a in acts.values()):
+        return acts
     last = desync.last_progress(obs)
     out = {}
     for r, a in acts.items():
