@@ -336,6 +336,29 @@ def too_short(job: Job, obs: Sequence[Observation], window: tuple[float, float])
         evidence=tuple(ev))
 
 
+def _keep_only_kernel_objects(keep: int) -> None:
+    """In a child forked to detach probes: close every inherited fd but ``keep`` and the kernel
+    objects (perf events, BPF programs and maps: ``anon_inode:``) its probes hold. A fork copies the
+    fds of every thread's work in flight: another thread's ``subprocess`` spawn (its exec-status pipe,
+    its child's stdout), a metrics socket. Kept open in a child that lives until this process exits,
+    they would make that spawn wait for ever (no EOF) and keep the port bound after our exit."""
+    import os
+
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    for fd in fds:
+        if fd in (0, 1, 2, keep):
+            continue
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("anon_inode:"):
+                continue
+            os.close(fd)
+        except OSError:
+            pass  # the listing's own fd (gone already), or one closed meanwhile
+
+
 def detach_in_child(probes: Sequence[object]) -> bool:
     """Fork a child (its own session, no terminal) that detaches ``probes`` once this process has
     exited; this process forgets them without detaching. Whoever drops the last reference to a perf
@@ -351,6 +374,7 @@ def detach_in_child(probes: Sequence[object]) -> bool:
     if pid == 0:  # the child: only this thread exists here
         try:
             os.close(w)
+            _keep_only_kernel_objects(r)
             os.setsid()
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):

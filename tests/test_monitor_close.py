@@ -118,3 +118,32 @@ def test_an_interrupted_window_stops_at_its_next_sample_and_judges_nothing() -> 
         assert [type(e) for e in raised] == [Interrupted], raised
     finally:
         mon.close()
+
+
+_FORK_BESIDE_A_SPAWN = r"""
+import os, sys
+from scout_sys.monitor import detach_in_child
+
+class Held:  # a probe handed to the child: it holds nothing here
+    def handoff(self): pass
+    def close(self): pass
+
+r, w = os.pipe()  # what another thread's spawn in flight holds: its child's exec-status pipe, its stdout
+assert detach_in_child([Held()])
+os.close(w)
+os.set_blocking(r, False)
+import select
+ready, _, _ = select.select([r], [], [], 10)
+print("eof" if ready and os.read(r, 1) == b"" else "held open by the detaching child")
+"""
+
+
+def test_the_detaching_child_keeps_no_fd_of_another_threads_work() -> None:
+    # the child lives until this process exits: a pipe end it kept would make another thread's
+    # subprocess (py-spy, a hook) wait for ever for its EOF (watch --every-job hung at SIGTERM so)
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _FORK_BESIDE_A_SPAWN], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert (out.returncode, out.stdout.strip()) == (0, "eof"), out.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 
+import psutil
 import pytest
 
 from scout_sys.demo.launch import free_port
@@ -21,6 +22,20 @@ pytestmark = pytest.mark.slow
 
 def _jobs_in_metrics(port: int) -> set[str]:
     return {dict(lbl)["job"] for (name, lbl) in _scrape(port, starting=True) if name == "scout_sys_rank_state"}
+
+
+def _forked_children(pid: int) -> list[int]:
+    """The children of ``pid`` that run its own command line: forked, not spawned (py-spy's dumps,
+    which come and go, are spawned)."""
+    me = psutil.Process(pid)
+    out = []
+    for c in me.children():
+        try:
+            if c.cmdline() == me.cmdline():
+                out.append(c.pid)
+        except psutil.Error:
+            pass  # a dump that ended meanwhile
+    return out
 
 
 def test_one_node_watch_follows_two_jobs_apart_with_one_metrics_port(start_job, tmp_path):
@@ -43,6 +58,9 @@ def test_one_node_watch_follows_two_jobs_apart_with_one_metrics_port(start_job, 
         # one job ends (its series are kept a while: seen above whenever it ended): the watch goes on
         wait_for(lambda: f"job 127.0.0.1:{healthy.port}: ended" in w.stderr(), 180, "the healthy job's watch ended")
         assert w.proc.poll() is None, w.stderr()
+        # its probes were detached then, by the watch itself: a child forked to hold them until the
+        # node's watch exits (days, for a DaemonSet) would keep every later job's calls trapped in them
+        assert _forked_children(w.proc.pid) == []
     finally:
         rc = w.stop()
     assert rc == 1, w.stderr()

@@ -59,7 +59,16 @@ def test_retries_until_the_library_appears_then_leases_without_detaching():
     assert p.bound == "job"
     lease.close()  # a Monitor closing (a restart): the probe stays attached
     assert p.bound is None and p.closed == 0
-    e.close()  # detached by a child once this process exits (a uprobe costs ~0.1 s to unregister)
+    e.close()  # this process goes on (one job of watch --every-job ended): detached here, now
+    assert (p.handed_off, p.closed) == (0, 1)
+
+
+def test_a_watch_that_exits_next_hands_its_probes_to_a_child():
+    p = Recorder()
+    e = EarlyProbes([p], lambda: [os.getpid()])
+    e.start()
+    assert e.wait(10) and e.reason is None
+    e.close(exiting=True)  # detached by a child once this process exits (a uprobe costs ~0.1 s to unregister)
     assert (p.handed_off, p.closed) == (1, 0)
 
 

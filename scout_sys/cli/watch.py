@@ -244,7 +244,7 @@ def _watch(args: argparse.Namespace) -> int:
             print("job ended" if watcher.ended else "watch stopped", flush=True)
         return rc
     finally:
-        watcher.close()
+        watcher.close(exiting=True)
         sinks.close()
         for m in held:
             print(m, file=sys.stderr)

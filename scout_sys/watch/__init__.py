@@ -141,16 +141,17 @@ class Watcher(Sessioned, EngineParts):
         self._replayed = []
         self._publish()
 
-    def close(self, *, background: bool = False) -> None:
+    def close(self, *, background: bool = False, exiting: bool = False) -> None:
         """Detach every probe (``background``: let a short-lived child do the slow part, see
-        :meth:`Monitor.close`)."""
+        :meth:`Monitor.close`; ``exiting``: this process exits next, so the early probes' child may
+        detach them once it has gone, see :meth:`EarlyProbes.close`)."""
         if self.replay is not None:
             self.replay.close()  # its workers are gone when this returns
             self.replay = None
         if self.monitor is not None:
             self.monitor.close(background=background)
             self.monitor = None
-        self.early.close(background=background)
+        self.early.close(background=background, exiting=exiting)
 
     def interrupt(self) -> None:
         """Stop a poll in flight at its next sample (a confirmation window: Monitor.interrupt); that

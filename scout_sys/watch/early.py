@@ -115,13 +115,16 @@ class EarlyProbes:
     def leases(self) -> list[Lease]:
         return [Lease(self, p) for p in self.probes]
 
-    def close(self, *, background: bool = False) -> None:
+    def close(self, *, background: bool = False, exiting: bool = False) -> None:
         """Detach (``background``: someone waits for the prompt; a probe still compiling is not waited
         for more than a moment). Unregistering a uprobe costs the kernel up to ~0.1 s each (1.5-2 s for this
-        probe's 18): a short-lived child holding the same fds does it once this process has exited,
-        as Monitor.close(background=True) does, so that the watch's exit never waits for it. Closed
-        once: a second call (the watch's own exit after the dashboard's background close) returns at once
-        instead of waiting a second more for a probe still compiling."""
+        probe's 18). When this process exits next (``exiting``, or ``background``), a short-lived child
+        holding the same fds does it once this process has gone, as Monitor.close(background=True) does,
+        so that the watch's exit never waits for it. Otherwise (one job's watch of ``watch --every-job``
+        ends, and the node's watch goes on for days) they are detached here: a child would hold them
+        attached until the node's watch exits. Closed once: a second call (the watch's own exit after
+        the dashboard's background close) returns at once instead of waiting a second more for a probe
+        still compiling."""
         if self._stop.is_set():
             return
         self._stop.set()
@@ -133,7 +136,7 @@ class EarlyProbes:
             return
         from scout_sys.monitor import detach_in_child
 
-        if detach_in_child(probes):
+        if (background or exiting) and detach_in_child(probes):
             return
         for p in probes:
             try:

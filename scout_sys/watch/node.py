@@ -127,7 +127,10 @@ class NodeWatch:
         finally:
             f.opened = w.ever_opened
             f.pids = frozenset(r.pid for r in (w.job.ranks if w.job is not None else ()))
-            w.close()
+            # the node's watch exits (SIGTERM): its probes detach in a child, as a lone watch's do; a job
+            # that ended while the node's watch goes on has them detached here, now
+            stopping = self._stop.is_set()
+            w.close(background=stopping, exiting=stopping)
             sinks.close()
             if not self._stop.is_set():
                 self.say(f"job {label}: {'ended' if w.ended else 'watch stopped'}")
