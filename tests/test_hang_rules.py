@@ -29,7 +29,7 @@ SLEEPING = _stack(("load_batch", TRAIN, 12), ("step", TRAIN, 30), ("<module>", T
 
 
 def _rank_obs(rank: int, *, stacks, status="sleeping", main_cpu_per_s=0.0, cpu_per_s=0.0, n=5,
-              wrote_per_s=0, exit_code=None, paused_by_pyspy=False):
+              wrote_per_s=0, exit_code=None, paused_by_pyspy=False, blocks_per_s=0):
     """n samples one second apart; ``stacks`` is one stack or a list of n stacks."""
     out = []
     for i in range(n):
@@ -40,7 +40,8 @@ def _rank_obs(rank: int, *, stacks, status="sleeping", main_cpu_per_s=0.0, cpu_p
             continue
         out.append(ProcSample(time=t, rank=rank, pid=1000 + rank, status=st, cpu_time=cpu_per_s * i,
                               main_cpu_ns=int(main_cpu_per_s * i * 1e9), main_last_ran=T0 - 10 + rank,
-                              write_chars=wrote_per_s * i, read_chars=0, paused_by_pyspy=paused_by_pyspy))
+                              write_chars=wrote_per_s * i, read_chars=0, paused_by_pyspy=paused_by_pyspy,
+                              main_voluntary=100 + blocks_per_s * i))
         frames = stacks[i] if isinstance(stacks, list) else stacks
         out.append(StackSample(time=t, rank=rank, pid=1000 + rank,
                                threads=(ThreadStack(tid=1000 + rank, name="MainThread", active=False, frames=frames),)))
@@ -69,6 +70,33 @@ def test_waiting_ranks_are_never_named():
     incidents, _, _ = _analyze(_job(4), obs)
     assert [(i.kind, i.status, i.ranks) for i in incidents] == [("hang", "inconclusive", ())]
     assert "common-mode" in incidents[0].summary
+
+
+def test_a_stragglers_peers_caught_in_their_wait_at_every_sample_are_no_hang():
+    # a straggler computes 80% of each step, its peers wait for it then: now and then every sample of
+    # a window falls in those parts (CI: the tp straggler job's diagnose read "no progress on any of 4
+    # ranks"). The peers' main threads blocked anew each step, and their collectives wrote: they left
+    # the wait and came back; no rank is named, no hang said
+    obs = []
+    for r in range(4):
+        obs += (_rank_obs(r, stacks=SLEEPING, status="running", main_cpu_per_s=0.8, cpu_per_s=0.8) if r == 3
+                else _rank_obs(r, stacks=WAIT_AR if r < 2 else WAIT_BC, blocks_per_s=9, wrote_per_s=11_000))
+    incidents, acts, _ = _analyze(_job(4), obs)
+    assert incidents == [] and [acts[r].state for r in range(4)] == ["running"] * 3 + ["busy"], incidents
+
+
+@pytest.mark.parametrize("blocks_per_s,wrote_per_s", [(0, 0), (0, 11_000), (100, 0), (100, 300)],
+                         ids=["blocked", "another-thread-writes", "polls", "polls-and-logs"])
+def test_a_hung_waiter_stays_a_witness_whether_it_polls_or_another_thread_writes(blocks_per_s, wrote_per_s):
+    # Gloo's blocking wait never wakes; NCCL's blocking wait polls every 10 ms and writes nothing; an
+    # async checkpoint writes from another thread while the main one stays blocked; a heartbeat logs a little
+    obs = []
+    for r in range(4):
+        obs += (_rank_obs(r, stacks=SLEEPING) if r == 2
+                else _rank_obs(r, stacks=WAIT_AR, blocks_per_s=blocks_per_s, wrote_per_s=wrote_per_s))
+    incidents, acts, _ = _analyze(_job(4), obs)
+    assert [(i.kind, i.status, i.ranks) for i in incidents] == [("hang", "attributed", (2,))]
+    assert acts[0].state == "waiting"
 
 
 def test_busy_rank_spinning_in_one_place():

@@ -51,6 +51,14 @@ WAIT_MAX_MAIN_CPU = 0.10
 BUSY_MIN_MAIN_CPU = 0.30
 # A rank that wrote this much (write syscalls) in the window is progressing (e.g. a checkpoint).
 WRITE_PROGRESS_BYTES = 64 * 1024
+# A rank seen in one collective at every sample, whose main thread still blocked anew at least this many
+# times in the window while its process wrote at least this many bytes a second, left that collective
+# and came back to it: a straggler's peer, waiting for it each step (a 190 ms step: 27 blocks and 35 kB
+# in 3 s). A hung waiter does neither (0 and 0: its thread never wakes); one that polls for its collective
+# (NCCL's blocking wait: every 10 ms) blocks often but writes nothing, as a thread logging now and then
+# writes little and never wakes the main one.
+LEFT_WAIT_BLOCKS = 2
+LEFT_WAIT_BYTES_PER_S = 1024
 
 # Frames a loop creates and leaves on every turn (``all(w.is_completed() for w in works)``): a rank
 # polling in such a loop stays at one place although these come and go between two samples.
@@ -85,6 +93,15 @@ def untorn(samples: list[tuple[StackSample, Any]]) -> list[tuple[StackSample, An
     if not c3.strict_majority(n, len(samples)):
         return samples
     return [(s, m) for s, m in samples if (m.frames[-1].file, m.frames[-1].function) == root]
+
+
+def _left_the_wait(live: Sequence[ProcSample], wrote: int, seconds: float) -> bool:
+    """The main thread blocked anew in the window (LEFT_WAIT_BLOCKS) while the process wrote
+    (LEFT_WAIT_BYTES_PER_S): it came out of its collective and went back into another."""
+    first, last = live[0].main_voluntary, live[-1].main_voluntary
+    if first is None or last is None:
+        return False
+    return last - first >= LEFT_WAIT_BLOCKS and wrote >= LEFT_WAIT_BYTES_PER_S * seconds
 
 
 def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSample]) -> Activity:
@@ -136,6 +153,8 @@ def summarize(rank: int, procs: Sequence[ProcSample], stacks: Sequence[StackSamp
     off_cpu = main_cpu is None or main_cpu < WAIT_MAX_MAIN_CPU
     w0 = waits[-1]
     if w0 is not None and all(w == w0 for w in waits) and off_cpu:
+        if _left_the_wait(live, wrote, dt):  # the samples all fell in its waits: it progresses between them
+            return Activity(state="running", **base)
         return Activity(state="waiting", wait=w0, **base)
     if len(set(locs)) == 1 and all(w is None or w == w0 for w in waits) and wrote < WRITE_PROGRESS_BYTES:
         on_cpu = (main_cpu if main_cpu is not None else (cpu or 0.0)) >= BUSY_MIN_MAIN_CPU
