@@ -41,6 +41,13 @@ def check_privilege() -> Check:
     return Check("privileges", False, reason)
 
 
+def check_pid_namespace() -> Check:
+    reason = _common.pidns_reason()
+    if reason is None:
+        return Check("pid namespace", True, "the host's: /proc's pids are the kernel's that eBPF sees")
+    return Check("pid namespace", False, reason)
+
+
 def check_btf() -> Check:
     p = Path("/sys/kernel/btf/vmlinux")
     if p.exists():
@@ -141,7 +148,7 @@ def check_nccl() -> Check:
 
 
 CHECKS: tuple[Callable[[], Check], ...] = (
-    check_privilege, check_btf, check_headers, check_tracefs, check_uprobes, check_bcc, check_pyspy,
+    check_privilege, check_pid_namespace, check_btf, check_headers, check_tracefs, check_uprobes, check_bcc, check_pyspy,
     check_ptrace, check_nvml, check_nccl,
 )
 

@@ -13,7 +13,7 @@ import pytest
 from scout_sys import doctor
 from tests._ebpf_jobs import ROOT, ebpf_skip_reason
 
-NAMES = ["privileges", "btf", "kernel headers", "debugfs/tracefs", "uprobes", "bcc", "py-spy", "ptrace", "nvml",
+NAMES = ["privileges", "pid namespace", "btf", "kernel headers", "debugfs/tracefs", "uprobes", "bcc", "py-spy", "ptrace", "nvml",
          "nccl groups"]
 
 
@@ -73,3 +73,11 @@ def test_a_monitor_in_a_pid_namespace_of_its_own_attaches_no_probe() -> None:
                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
     assert "PID namespace of its own" in out.stdout and "--pid=host" in out.stdout, out.stdout
+    # and doctor says so on its own line, as a missing prerequisite of the eBPF probes
+    out = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "scout_sys", "doctor"],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    line = next(x for x in out.stdout.splitlines() if "pid namespace" in x)
+    assert out.returncode == 1 and line.startswith("MISSING") and "--pid=host" in line, out.stdout
+    here = io.StringIO()
+    doctor.run(here)
+    assert "OK       pid namespace" in here.getvalue(), here.getvalue()  # the host's own namespace

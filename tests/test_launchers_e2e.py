@@ -1,5 +1,6 @@
 """Jobs started the way srun and mpirun start them (no torchrun: each rank a plain `python`, with the
-launcher's variables), across two "nodes", each its own PID, mount and UTS namespace with its own
+launcher's variables), and by the `deepspeed` launcher, Lightning's own launcher and `accelerate launch`
+(the node's launcher run by hand on each node, as pdsh or a batch script runs it), across two "nodes", each its own PID, mount and UTS namespace with its own
 hostname (``unshare``; an /etc/hosts bound in each names both), and the tool run inside node 0's
 (``nsenter``), as it runs on a cluster node. The node's step daemon is tests/jobs/step_like.py.
 
@@ -58,6 +59,11 @@ class TwoNodes:
                 node = ["env", f"NODE_RANK={k}", f"MASTER_ADDR={self.names[0]}", f"MASTER_PORT={port}",
                         sys.executable, LIGHTNING, "--devices", str(per_node), "--num-nodes", "2",
                         *train[2:]]
+            elif family == "accelerate":  # `accelerate launch` on each node: torchrun's agent inside its process
+                node = [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--multi_gpu",
+                        "--num_processes", str(2 * per_node), "--num_machines", "2", f"--machine_rank={k}",
+                        f"--main_process_ip={self.names[0]}", f"--main_process_port={port}", "--same_network",
+                        "--module", *train[1:]]
             elif family == "deepspeed":  # the per-node launcher `deepspeed` runs on each host (pdsh)
                 info = json.dumps({n: list(range(per_node)) for n in self.names}).encode()
                 node = [sys.executable, "-m", "deepspeed.launcher.launch",
@@ -72,7 +78,7 @@ class TwoNodes:
             self.nodes.append(job)
         # diagnose by the job's variables (an agent beside the job), or by the launcher process (PID 1 in there)
         self.selector = {"slurm": f"env:SLURM_JOB_ID={self.jobid}", "ompi": f"env:SCOUT_TEST_MPI_JOB={self.jobid}",
-                         "deepspeed": "1", "lightning": "1"}[family]
+                         "deepspeed": "1", "lightning": "1", "accelerate": "1"}[family]
 
     def __enter__(self) -> TwoNodes:
         for job in self.nodes:
@@ -129,16 +135,18 @@ def _opened(w: WatchCli) -> list[str]:
 
 
 # A hang on node 0 is named by a strict majority of its ranks that wait for it: three ranks a node
-# (lightning: node 0's local rank 1 is a child of the script, node 1's rank 3 too)
-LOCAL = {"slurm": 1, "ompi": 2, "deepspeed": 1, "lightning": 1}  # on node 0: block (0, 1, 2) / --map-by node (0, 2, 4)
-REMOTE = {"slurm": 3, "ompi": 1, "deepspeed": 3, "lightning": 3}  # on node 1
-NODE0 = {"slurm": {0, 1}, "ompi": {0, 2}, "deepspeed": {0, 1}, "lightning": {0, 1}}  # of two ranks a node
+# (lightning: node 0's local rank 1 is a child of the script, node 1's rank 3 too; accelerate: torchrun's
+# numbering, its agent in the `accelerate` process)
+LOCAL = {"slurm": 1, "ompi": 2, "deepspeed": 1, "lightning": 1, "accelerate": 1}  # node 0: block (0, 1, 2) / --map-by node (0, 2, 4)
+REMOTE = {"slurm": 3, "ompi": 1, "deepspeed": 3, "lightning": 3, "accelerate": 3}  # on node 1
+NODE0 = {"slurm": {0, 1}, "ompi": {0, 2}, "deepspeed": {0, 1}, "lightning": {0, 1}, "accelerate": {0, 1}}  # two a node
 HOW = {"slurm": "2 ranks expected on this host (SLURM_TASKS_PER_NODE at SLURM_NODEID",
+       "accelerate": "2 ranks expected on this host (LOCAL_WORLD_SIZE)",
        "ompi": "2 ranks live on this host (OMPI_COMM_WORLD_LOCAL_SIZE",
        "deepspeed": "2 ranks expected on this host (LOCAL_SIZE (deepspeed))",
        # Lightning's launcher never says how many ranks a node runs: the numbering is said, and node 1's not observed
        "lightning": "is local rank 0 of node 0 and started local ranks 1-1; global rank = NODE_RANK x 2 + LOCAL_RANK"}
-FAMILIES = ["slurm", "ompi", "deepspeed", "lightning"]
+FAMILIES = ["slurm", "ompi", "deepspeed", "lightning", "accelerate"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
