@@ -204,7 +204,7 @@ def test_doctor_finds_everything_inside_the_sandbox(tmp_path):
     out = _scout(prefix, "doctor")
     assert out.returncode == 0, out.stdout + out.stderr
     lines = {line.split()[1]: line for line in out.stdout.splitlines() if line.split()[:1] in (["OK"], ["MISSING"], ["OFF"])}
-    for name in ("privileges", "btf", "kernel", "debugfs/tracefs", "uprobes", "bcc", "py-spy", "ptrace"):
+    for name in ("privileges", "pid", "btf", "kernel", "debugfs/tracefs", "uprobes", "bcc", "py-spy", "ptrace"):
         assert lines[name].startswith("OK"), out.stdout
     assert "everything needed is usable." in out.stdout
 
