@@ -60,7 +60,9 @@ class TwoNodes:
                         sys.executable, LIGHTNING, "--devices", str(per_node), "--num-nodes", "2",
                         *train[2:]]
             elif family == "accelerate":  # `accelerate launch` on each node: torchrun's agent inside its process
-                node = [os.path.join(os.path.dirname(sys.executable), "accelerate"), "launch", "--multi_gpu",
+                # HF_HOME: no default_config.yaml of this host's earlier `accelerate config` changes the launch
+                node = ["env", f"HF_HOME={tmp_path / 'hf'}", os.path.join(os.path.dirname(sys.executable), "accelerate"),
+                        "launch", "--multi_gpu",
                         "--num_processes", str(2 * per_node), "--num_machines", "2", f"--machine_rank={k}",
                         f"--main_process_ip={self.names[0]}", f"--main_process_port={port}", "--same_network",
                         "--module", *train[1:]]
