@@ -1,8 +1,8 @@
 """Jobs started the way srun and mpirun start them (no torchrun: each rank a plain `python`, with the
 launcher's variables), and by the `deepspeed` launcher, Lightning's own launcher and `accelerate launch`
-(the node's launcher run by hand on each node, as pdsh or a batch script runs it), across two "nodes", each its own PID, mount and UTS namespace with its own
-hostname (``unshare``; an /etc/hosts bound in each names both), and the tool run inside node 0's
-(``nsenter``), as it runs on a cluster node. The node's step daemon is tests/jobs/step_like.py.
+(the node's launcher run by hand on each node, as pdsh or a batch script runs it), across two "nodes",
+each its own PID, mount and UTS namespace with its own hostname (``unshare``; an /etc/hosts bound in
+each names both), and the tool run inside node 0's (``nsenter``), as it runs on a cluster node. The node's step daemon is tests/jobs/step_like.py.
 
 For each: the healthy twin has no attributed incident; a hang on node 0 is named; a hang on node 1 is
 never blamed on node 0's ranks and never reported as ranks that exited (the issue's false verdict:

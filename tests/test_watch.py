@@ -90,8 +90,9 @@ class WatchCli:
             return self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             # where it is stuck, for the failure's reader: every thread's stack, as py-spy sees it
-            spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
-            dump = subprocess.run([spy, "dump", "--pid", str(self.proc.pid)], capture_output=True, text=True,
+            from scout_sys.probes.pystack import find_py_spy
+
+            dump = subprocess.run([find_py_spy() or "py-spy", "dump", "--pid", str(self.proc.pid)], capture_output=True, text=True,
                                   timeout=30, check=False)
             raise AssertionError(f"the watch did not exit within 30 s of SIGTERM; its stacks:\n{dump.stdout}"
                                  f"{dump.stderr}\nits stderr: {''.join(self.errors[-40:])}") from None

@@ -132,7 +132,7 @@ class NodeWatch:
             stopping = self._stop.is_set()
             w.close(background=stopping, exiting=stopping)
             sinks.close()
-            if not self._stop.is_set():
+            if not stopping:
                 self.say(f"job {label}: {'ended' if w.ended else 'watch stopped'}")
 
     def close(self) -> None:
